@@ -1,0 +1,3 @@
+"""snapeval: long-context accuracy evaluation for KV-cache compression."""
+
+__version__ = "0.1.0"

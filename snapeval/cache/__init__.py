@@ -1,0 +1,41 @@
+"""The KV-cache engine: one compression method per module, all built on :mod:`snapeval.cache.base`.
+
+It knows nothing of tasks. Prepare a model with :func:`install`, then give a fresh cache to each
+generation: ``model.generate(ids, past_key_values=build_cache({"method": "snapstream", "budget": 1024}))``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from snapeval.cache.attention import install
+from snapeval.cache.base import SnapevalCache
+from snapeval.cache.full import FullCache
+from snapeval.cache.snapkv import SnapKVCache
+from snapeval.cache.snapstream import SnapStreamCache
+from snapeval.cache.streaming_llm import StreamingLLMCache
+from snapeval.errors import SnapevalError
+
+METHODS: dict[str, type[SnapevalCache]] = {
+    cls.method: cls for cls in (FullCache, StreamingLLMCache, SnapKVCache, SnapStreamCache)
+}
+
+__all__ = ["METHODS", "SnapevalCache", "build_cache", "install", *(c.__name__ for c in METHODS.values())]
+
+
+def build_cache(params: Mapping[str, Any]) -> SnapevalCache:
+    """A new cache from ``{"method": name, **parameters}``; unknown names and parameters are errors."""
+    params = dict(params)
+    method = params.pop("method", None)
+    if method not in METHODS:
+        raise SnapevalError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", "cache.method")
+    cls = METHODS[method]
+    accepted = cls.__init__.__code__.co_varnames[1 : cls.__init__.__code__.co_argcount]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise SnapevalError(
+            f"{method} takes no parameter {', '.join(unknown)}; it takes {', '.join(accepted) or 'none'}",
+            f"cache.{unknown[0]}",
+        )
+    return cls(**params)

@@ -1,0 +1,99 @@
+"""The attention function that lets a snapeval cache see queries and own the attention mask.
+
+transformers calls ``past_key_values.update(k, v, layer_idx)`` and then the layer's attention function,
+in that order, for every layer. A snapeval cache hands itself over in ``update`` (:func:`hand_over`); the
+attention function registered here as ``"snapeval"`` claims it and then
+
+* at prefill, runs ordinary SDPA with the model's causal/padding mask, and afterwards gives the cache the
+  layer's post-RoPE queries so it can score and compress that layer at once;
+* at decode, replaces the model's mask by the cache's own: which slots are valid and causally visible.
+  A compressed cache holds tokens out of order, so only the cache knows that mask.
+
+With any other cache (or none) it is exactly transformers' SDPA. :func:`install` switches a model to it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from snapeval.errors import SnapevalError
+
+if TYPE_CHECKING:
+    from snapeval.cache.base import SnapevalCache
+
+ATTENTION_NAME = "snapeval"
+_handed_over: tuple[SnapevalCache, int] | None = None
+
+
+def hand_over(cache: SnapevalCache, layer_idx: int) -> None:
+    """Called by a cache's ``update``: the next attention call of ``layer_idx`` belongs to ``cache``."""
+    global _handed_over
+    _handed_over = (cache, layer_idx)
+
+
+def _claim(layer_idx: int) -> SnapevalCache | None:
+    global _handed_over
+    if _handed_over is None or _handed_over[1] != layer_idx:
+        return None
+    cache, _ = _handed_over
+    _handed_over = None
+    return cache
+
+
+def snapeval_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """SDPA whose mask and prefill side effects come from the snapeval cache that was just updated."""
+    layer_idx = module.layer_idx
+    cache = _claim(layer_idx)
+    if cache is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if cache.awaiting_prefill(layer_idx):
+        output = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        scaling = kwargs.get("scaling") or module.scaling
+        cache.finish_prefill(layer_idx, query, _valid_columns(attention_mask, key), scaling)
+        return output
+    mask = cache.attention_mask(layer_idx, query.shape[2], query.shape[1])
+    kwargs["is_causal"] = False
+    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+
+
+def _valid_columns(attention_mask: torch.Tensor | None, key: torch.Tensor) -> torch.Tensor:
+    """(batch, kv_len) bool: which prompt columns are real tokens, read off the last query's mask row.
+
+    With left padding the last prompt token is always real, so its row shows exactly the non-pad columns.
+    """
+    batch, _, kv_len, _ = key.shape
+    if attention_mask is None:
+        return torch.ones(batch, kv_len, dtype=torch.bool, device=key.device)
+    row = attention_mask[:, 0, -1, :kv_len]
+    row = row if row.dtype == torch.bool else row == 0
+    return row.expand(batch, kv_len)
+
+
+def install(model: PreTrainedModel) -> PreTrainedModel:
+    """Register the ``snapeval`` attention and switch ``model`` to it (a no-op for other caches)."""
+    if not getattr(model, "_supports_attention_backend", False):
+        raise SnapevalError(
+            f"{type(model).__name__} does not route attention through transformers' attention interface, "
+            "so the KV-cache engine cannot drive it; use a model such as Llama, Qwen2 or Mistral",
+            "model",
+        )
+    if getattr(model.config, "sliding_window", None) and getattr(model.config, "use_sliding_window", True):
+        layer_types = getattr(model.config, "layer_types", None) or []
+        if any(t != "full_attention" for t in layer_types):
+            raise SnapevalError("models with sliding-window attention layers are not supported yet", "model")
+    AttentionInterface.register(ATTENTION_NAME, snapeval_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    model.set_attn_implementation(ATTENTION_NAME)
+    return model

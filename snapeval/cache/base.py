@@ -1,0 +1,213 @@
+"""Per-layer KV storage that remembers where every slot came from, and the base class of all caches.
+
+Every slot of a layer holds one token's key and value for one KV head, plus ``positions``: the column of
+that token in the input (its position, for an unpadded prompt), or -1 for an empty or padding slot. From
+``positions`` alone the layer derives its attention mask (valid and causally visible slots), reports what it
+kept (``kept_positions``), and can be checked against a reference.
+
+A layer is filled in one prefill, compressed right after that prefill's attention (see
+:mod:`snapeval.cache.attention`), and then either grows by appending (``capacity=None``) or is a
+fixed-capacity buffer, allocated once, whose slots after the ``pinned`` ones form a ring: a new token takes
+the next ring slot, and once the ring is full it overwrites the oldest token there.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from snapeval.cache.attention import hand_over
+from snapeval.errors import SnapevalError
+
+EMPTY = -1
+
+
+@dataclass
+class Selection:
+    """What a layer keeps of its prompt.
+
+    ``pinned``: (batch, kv_heads, P) prompt columns kept for good (EMPTY for an unused slot), or None to
+    keep the whole prompt in order. ``ring``: (batch, kv_heads, R0) columns placed oldest-first in the ring.
+    ``capacity``: total slots of a fixed-capacity layer, or None for a layer that grows.
+    """
+
+    pinned: torch.Tensor | None = None
+    ring: torch.Tensor | None = None
+    capacity: int | None = None
+
+
+class KVLayer(CacheLayerMixin):
+    """One layer's keys/values (batch, kv_heads, slots, head_dim) with the column of every slot."""
+
+    is_sliding = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions: torch.Tensor | None = None
+        self.seen = 0
+        self.capacity: int | None = None
+        self.ring_start = 0
+        self.ring_next = 0
+        self.prefilled = False
+        self._dense = False
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        batch, heads, length, _ = key_states.shape
+        columns = torch.arange(self.seen, self.seen + length, device=key_states.device)
+        if not self.prefilled:
+            if self.keys is not None:
+                raise SnapevalError(
+                    "a snapeval cache takes its prompt in one prefill call (chunking comes later)"
+                )
+            self.keys, self.values = key_states, value_states
+            self.positions = columns.repeat(batch, heads, 1)
+        elif self.capacity is None:
+            self.keys = torch.cat([self.keys, key_states], dim=2)
+            self.values = torch.cat([self.values, value_states], dim=2)
+            self.positions = torch.cat([self.positions, columns.repeat(batch, heads, 1)], dim=2)
+        else:
+            slots = self._next_ring_slots(length)
+            self.keys.index_copy_(2, slots, key_states)
+            self.values.index_copy_(2, slots, value_states)
+            self.positions.index_copy_(2, slots, columns.repeat(batch, heads, 1))
+        self.seen += length
+        return self.keys, self.values
+
+    def _next_ring_slots(self, length: int) -> torch.Tensor:
+        ring_size = self.capacity - self.ring_start
+        if length > ring_size:
+            raise SnapevalError(
+                f"cannot append {length} tokens at once to a ring of {ring_size} slots; feed them in chunks"
+            )
+        offsets = (self.ring_next + torch.arange(length, device=self.keys.device)) % ring_size
+        self.ring_next = (self.ring_next + length) % ring_size
+        return self.ring_start + offsets
+
+    def keep(self, valid: torch.Tensor, selection: Selection) -> None:
+        """Compress the prefilled prompt to ``selection``; padding columns (``~valid``) become EMPTY."""
+        prompt = (self.keys, self.values, self.positions.masked_fill(~valid[:, None, :], EMPTY))
+        kept = prompt if selection.pinned is None else _gather(*prompt, selection.pinned)
+        self.prefilled = True
+        self.capacity = selection.capacity
+        if self.capacity is None:
+            self.keys, self.values, self.positions = kept
+            return
+        batch, heads, pinned, dim = kept[0].shape
+        if pinned >= self.capacity:
+            raise SnapevalError(f"{pinned} pinned tokens leave no ring slot in a capacity of {self.capacity}")
+        self.keys = kept[0].new_zeros(batch, heads, self.capacity, dim)
+        self.values = kept[1].new_zeros(batch, heads, self.capacity, dim)
+        self.positions = kept[2].new_full((batch, heads, self.capacity), EMPTY)
+        self._write(slice(0, pinned), kept)
+        self.ring_start = pinned
+        if selection.ring is not None:
+            filled = selection.ring.shape[-1]
+            self._write(slice(pinned, pinned + filled), _gather(*prompt, selection.ring))
+            self.ring_next = filled % (self.capacity - pinned)
+
+    def _write(self, slots: slice, states: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        self.keys[:, :, slots], self.values[:, :, slots], self.positions[:, :, slots] = states
+
+    def attention_mask(self, query_length: int, num_heads: int) -> torch.Tensor | None:
+        """(batch, num_heads, q, slots) bool: slots that are valid and not after the query; None if all."""
+        if query_length == 1 and self._dense:
+            return None
+        slot_positions = self.positions[:, :, None, :]
+        query_columns = torch.arange(self.seen - query_length, self.seen, device=self.positions.device)
+        visible = (slot_positions >= 0) & (slot_positions <= query_columns[:, None])
+        if query_length == 1 and bool(visible.all()):
+            self._dense = True  # slots only ever fill up from here on
+            return None
+        return visible.repeat_interleave(num_heads // visible.shape[1], dim=1)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.seen + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return self.capacity or -1
+
+    def kv_bytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+
+def _gather(keys, values, positions, columns):
+    """Slots at ``columns`` (batch, heads, n) of (keys, values, positions); EMPTY columns stay EMPTY."""
+    index = columns.clamp(min=0)
+    dim = keys.shape[-1]
+    kv_index = index[..., None].expand(-1, -1, -1, dim)
+    gathered_positions = positions.gather(2, index).masked_fill(columns < 0, EMPTY)
+    return keys.gather(2, kv_index), values.gather(2, kv_index), gathered_positions
+
+
+class SnapevalCache(Cache):
+    """Base of every snapeval cache. A subclass states its algorithm in :meth:`select`.
+
+    Use it like any transformers cache: ``model.generate(ids, past_key_values=SnapStreamCache(budget=1024))``
+    on a model prepared with :func:`snapeval.cache.install`. A cache object serves one generation.
+    """
+
+    method: str = "base"
+
+    def __init__(self) -> None:
+        super().__init__(layer_class_to_replicate=KVLayer)
+
+    @abstractmethod
+    def select(
+        self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
+    ) -> Selection:
+        """Choose what a layer keeps of its prompt.
+
+        keys: (batch, kv_heads, L, head_dim) post-RoPE prompt keys; query: (batch, heads, L, head_dim)
+        post-RoPE prompt queries; valid: (batch, L) real (non-padding) columns.
+        """
+
+    def params(self) -> dict:
+        """The method's parameters, as stored with results."""
+        return {"method": self.method}
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        hand_over(self, layer_idx)
+        return keys, values
+
+    def awaiting_prefill(self, layer_idx: int) -> bool:
+        return not self.layers[layer_idx].prefilled
+
+    def finish_prefill(
+        self, layer_idx: int, query: torch.Tensor, valid: torch.Tensor, scaling: float
+    ) -> None:
+        layer = self.layers[layer_idx]
+        layer.keep(valid, self.select(layer.keys, query, valid, scaling))
+
+    def attention_mask(self, layer_idx: int, query_length: int, num_heads: int) -> torch.Tensor | None:
+        return self.layers[layer_idx].attention_mask(query_length, num_heads)
+
+    def kept_positions(self, layer_idx: int) -> torch.Tensor:
+        """(batch, kv_heads, slots) input column of every slot of a layer; -1 marks an empty slot."""
+        return self.layers[layer_idx].positions
+
+    def kv_bytes(self) -> int:
+        """Bytes of keys and values held, all layers."""
+        return sum(layer.kv_bytes() for layer in self.layers)
+
+
+def resolve_budget(budget: int | None, ratio: float | None, prompt_length: int, minimum: int) -> int:
+    """Slots for a prompt: ``budget`` as given, or ``ceil(ratio * prompt_length)`` (at least ``minimum``)."""
+    if budget is not None:
+        return budget
+    return max(minimum, math.ceil(ratio * prompt_length))

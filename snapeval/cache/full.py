@@ -1,0 +1,21 @@
+"""The uncompressed reference cache."""
+
+from __future__ import annotations
+
+import torch
+
+from snapeval.cache.base import Selection, SnapevalCache
+
+
+class FullCache(SnapevalCache):
+    """Full KV cache: keeps every prompt token and appends every generated one.
+
+    The reference every compressed method is measured against. Padding slots are masked, never attended.
+    """
+
+    method = "full"
+
+    def select(
+        self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
+    ) -> Selection:
+        return Selection()

