@@ -73,8 +73,8 @@ def _load_error(spec: ModelSpec, exc: Exception) -> SnapevalError:
     source = spec.pretrained
     if "/" in source and not Path(source).exists() and not source.startswith(PACKAGE_SCHEME):
         return SnapevalError(
-            f"could not load {source!r}: it is not in the local Hugging Face cache and the Hub is unreachable "
-            f"from here ({type(exc).__name__}). Download it on a machine with network access "
+            f"could not load {source!r}: it is not in the local Hugging Face cache, and the Hub is "
+            f"unreachable from here ({type(exc).__name__}). Download it on a machine with network access "
             "(`huggingface-cli download ...`) or point model.pretrained at a local directory.",
             "model.pretrained",
         )

@@ -24,8 +24,12 @@ METHODS: dict[str, type[SnapevalCache]] = {
 __all__ = ["METHODS", "SnapevalCache", "build_cache", "install", *(c.__name__ for c in METHODS.values())]
 
 
-def build_cache(params: Mapping[str, Any]) -> SnapevalCache:
-    """A new cache from ``{"method": name, **parameters}``; unknown names and parameters are errors."""
+def build_cache(params: Mapping[str, Any], strict: bool = True) -> SnapevalCache:
+    """A new cache from ``{"method": name, **parameters}``.
+
+    Unknown method names are errors. Unknown parameters are errors when ``strict``; otherwise they are
+    dropped, so that one sweep can give ``budget`` to every method, the full cache included.
+    """
     params = dict(params)
     method = params.pop("method", None)
     if method not in METHODS:
@@ -33,7 +37,9 @@ def build_cache(params: Mapping[str, Any]) -> SnapevalCache:
     cls = METHODS[method]
     accepted = cls.__init__.__code__.co_varnames[1 : cls.__init__.__code__.co_argcount]
     unknown = sorted(set(params) - set(accepted))
-    if unknown:
+    if not strict:
+        params = {k: v for k, v in params.items() if k in accepted}
+    elif unknown:
         raise SnapevalError(
             f"{method} takes no parameter {', '.join(unknown)}; it takes {', '.join(accepted) or 'none'}",
             f"cache.{unknown[0]}",

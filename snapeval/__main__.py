@@ -1,0 +1,29 @@
+"""``python -m snapeval [overrides]``: the Hydra front door. Thin: resolve the config, call the runner."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from snapeval.errors import SnapevalError
+from snapeval.runner import format_summary, run
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+@hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> None:
+    config = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        summary = run(config)
+    except SnapevalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print(format_summary(config, summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Read the results database: ``python -m snapeval.results summary|export``.
+
+The database is ``--db`` (a path or SQLAlchemy URL), else ``$SNAPEVAL_DB``, else
+``results/snapeval.sqlite`` in the current directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+from tabulate import tabulate
+
+from snapeval.errors import SnapevalError
+from snapeval.results import DB_ENV_VAR, DEFAULT_DB, load, summarize
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m snapeval.results", description="Read the snapeval results database."
+    )
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument(
+        "--db", help=f"database path or SQLAlchemy URL (default: ${DB_ENV_VAR}, else {DEFAULT_DB})"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("summary", parents=[db], help="print accuracy, KV size and speed per experiment")
+    export = commands.add_parser("export", parents=[db], help="write one row per sample to a CSV file")
+    export.add_argument("--csv", required=True, type=Path, help="output file")
+    return parser
+
+
+def _print_summary(df: pd.DataFrame) -> None:
+    if df.empty:
+        print("no samples stored yet")
+        return
+    print(tabulate(summarize(df), headers="keys", tablefmt="github", showindex=False, floatfmt=".4g"))
+
+
+def _export(df: pd.DataFrame, path: Path) -> None:
+    """Write ``df`` as CSV, with lists and dicts (targets, extras) as JSON."""
+    cells = df.map(lambda value: json.dumps(value) if isinstance(value, dict | list) else value)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cells.to_csv(path, index=False)
+    print(f"wrote {len(df)} samples to {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        df = load(args.db)
+    except SnapevalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "summary":
+        _print_summary(df)
+    else:
+        _export(df, args.csv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

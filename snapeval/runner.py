@@ -1,0 +1,194 @@
+"""Compose model + cache + task, run every sample not yet stored, record it, and summarize.
+
+The runner knows no compression method (it asks :func:`snapeval.cache.build_cache`) and no task
+(it asks :func:`snapeval.tasks.load_task`). Each scored sample is committed to the results database as
+soon as it is done, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import resource
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tabulate import tabulate
+from tqdm import tqdm
+
+from snapeval.cache import build_cache, install
+from snapeval.errors import SnapevalError
+from snapeval.generation import Sampling, generate
+from snapeval.models import ModelSpec, encode_chat, load_model, load_tokenizer
+from snapeval.results import ResultsDB, config_hash
+from snapeval.stats import mean_ci
+from snapeval.tasks import load_task
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: int
+    config_hash: str
+    n: int
+    accuracy: float
+    ci_low: float
+    ci_high: float
+    kv_mib: float
+    prefill_s: float
+    decode_tok_s: float
+    computed: int
+
+
+def check_config(cfg: Mapping[str, Any]) -> None:
+    """Reject impossible values before any model work, one field at a time."""
+    task = cfg["task"]
+    limit = task.get("limit")
+    if limit is not None and (not isinstance(limit, int) or limit <= 0):
+        raise SnapevalError(f"must be a positive integer or null, got {limit}", "task.limit")
+    for key in ("context_length", "num_samples", "max_new_tokens"):
+        value = task.get(key)
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            raise SnapevalError(f"must be a positive integer, got {value}", f"task.{key}")
+    max_new = cfg["generation"].get("max_new_tokens")
+    if max_new is not None and (not isinstance(max_new, int) or max_new <= 0):
+        raise SnapevalError(f"must be a positive integer or null, got {max_new}", "generation.max_new_tokens")
+    if cfg["generation"]["do_sample"] and cfg["generation"]["temperature"] <= 0:
+        raise SnapevalError("must be > 0 when sampling", "generation.temperature")
+
+
+def stored_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The config as recorded with results: the cache reduced to its effective parameters, no db URL."""
+    stored = {key: value for key, value in cfg.items() if key not in ("db", "hydra")}
+    stored["cache"] = build_cache(cfg["cache"], strict=False).params()
+    return stored
+
+
+def _sample_seed(seed: int, sample_id: str) -> int:
+    return seed * 1_000_003 + zlib.crc32(sample_id.encode())
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak RSS so far
+
+
+def run(cfg: Mapping[str, Any]) -> RunSummary:
+    """Evaluate the configured model, cache and task; store every sample; return the summary."""
+    check_config(cfg)
+    config = stored_config(cfg)  # builds one cache: bad cache parameters fail here, before loading
+    digest = config_hash(config)
+    with ResultsDB(cfg["db"]["url"]) as db:
+        spec = ModelSpec.from_config(cfg["model"])
+        tokenizer = load_tokenizer(spec)
+        task = load_task(cfg["task"], cfg["seed"])
+        prompts = task.prompts(tokenizer)[: cfg["task"].get("limit")]
+        done = db.done_sample_ids(digest)
+        todo = [prompt for prompt in prompts if prompt.id not in done]
+        run_id = db.start_run(config, digest)
+        try:
+            if todo:
+                _evaluate(cfg, spec, task, todo, db, run_id, digest)
+        except KeyboardInterrupt:
+            db.finish_run(run_id, "interrupted")
+            raise
+        except Exception as exc:
+            db.finish_run(run_id, "failed", f"{type(exc).__name__}: {exc}")
+            raise
+        db.finish_run(run_id, "finished")
+        wanted = {prompt.id for prompt in prompts}
+        rows = [row for row in db.samples_for(digest) if row["sample_id"] in wanted]
+    return _summarize(run_id, digest, rows, computed=len(todo))
+
+
+def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, digest: str) -> None:
+    model = install(load_model(spec))
+    tokenizer = load_tokenizer(spec)
+    generation_cfg = cfg["generation"]
+    max_new_tokens = generation_cfg.get("max_new_tokens") or task.max_new_tokens
+    stop_ids = _stop_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)
+    for prompt in tqdm(
+        todo, desc=f"{task.name} [{cfg['cache']['method']}]", disable=not cfg.get("progress", True)
+    ):
+        prompt_ids = encode_chat(tokenizer, prompt.messages)
+        if len(prompt_ids) + max_new_tokens > spec.max_context:
+            raise SnapevalError(
+                f"sample {prompt.id} needs {len(prompt_ids)} + {max_new_tokens} tokens, beyond the model's "
+                f"{spec.max_context}",
+                "task.context_length",
+            )
+        cache = build_cache(cfg["cache"], strict=False)
+        sampling = Sampling(
+            do_sample=generation_cfg["do_sample"],
+            temperature=generation_cfg["temperature"],
+            top_p=generation_cfg["top_p"],
+            seed=_sample_seed(cfg["seed"], prompt.id),
+        )
+        result = generate(model, prompt_ids, cache, max_new_tokens, stop_ids, sampling)
+        output = tokenizer.decode(result.tokens, skip_special_tokens=True)
+        metrics = task.score(prompt, output)
+        db.add_sample(
+            run_id,
+            digest,
+            {
+                "sample_id": prompt.id,
+                "prompt_tokens": len(prompt_ids),
+                "output": output,
+                "target": prompt.target,
+                "score": metrics["score"],
+                "metrics": metrics,
+                "prefill_s": result.prefill_s,
+                "decode_s": result.decode_s,
+                "generated_tokens": len(result.tokens),
+                "peak_memory_bytes": _peak_memory_bytes(model.device),
+                "kv_bytes": cache.kv_bytes(),
+                "extra": prompt.metadata,
+            },
+        )
+
+
+def _stop_ids(*ids: int | list[int] | None) -> set[int]:
+    """Token ids that end generation: the tokenizer's and the generation config's EOS, flattened."""
+    flat: set[int] = set()
+    for value in ids:
+        flat.update(value if isinstance(value, list) else [value] if value is not None else [])
+    return flat
+
+
+def _summarize(run_id: int, digest: str, rows: list[dict[str, Any]], computed: int) -> RunSummary:
+    if not rows:
+        raise SnapevalError("no samples were evaluated", "task.limit")
+    accuracy, low, high = mean_ci([row["score"] for row in rows])
+    decode_s = sum(row["decode_s"] for row in rows)
+    return RunSummary(
+        run_id=run_id,
+        config_hash=digest,
+        n=len(rows),
+        accuracy=accuracy,
+        ci_low=low,
+        ci_high=high,
+        kv_mib=sum(row["kv_bytes"] for row in rows) / len(rows) / 2**20,
+        prefill_s=sum(row["prefill_s"] for row in rows) / len(rows),
+        decode_tok_s=sum(row["generated_tokens"] for row in rows) / decode_s if decode_s else float("nan"),
+        computed=computed,
+    )
+
+
+def format_summary(cfg: Mapping[str, Any], summary: RunSummary) -> str:
+    """A one-row table: what ran, accuracy with its 95% CI and n, KV memory and speed."""
+    cache = build_cache(cfg["cache"], strict=False).params()
+    setting = ", ".join(f"{k}={v}" for k, v in cache.items() if k != "method" and v is not None)
+    row = {
+        "model": cfg["model"]["name"],
+        "task": cfg["task"]["name"],
+        "cache": f"{cache['method']}({setting})" if setting else cache["method"],
+        "accuracy": f"{summary.accuracy:.3f}",
+        "95% CI": f"[{summary.ci_low:.3f}, {summary.ci_high:.3f}]",
+        "n": summary.n,
+        "new": summary.computed,
+        "KV MiB": f"{summary.kv_mib:.1f}",
+        "prefill s": f"{summary.prefill_s:.2f}",
+        "decode tok/s": f"{summary.decode_tok_s:.1f}",
+    }
+    return tabulate([row], headers="keys", tablefmt="github")
