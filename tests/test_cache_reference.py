@@ -1,0 +1,253 @@
+"""The engine against independent references written here from the methods' definitions.
+
+* SnapKV selection == a naive loop implementation (random tensors and the real model's attention).
+* Decode logits of every compressing cache == the uncompressed model run with an eager attention whose
+  per-layer, per-KV-head mask hides exactly what the definition says is evicted (sinks + recent for
+  StreamingLLM; the reference selection + all/last-ring generated tokens for SnapKV/SnapStream).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AttentionInterface, DynamicCache
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from snapeval.cache import SnapKVCache, SnapStreamCache, StreamingLLMCache
+from snapeval.cache.attention import ATTENTION_NAME
+from snapeval.models import encode_chat
+
+TOLERANCE = 1e-4
+
+
+def reference_keep(q, k, window, kernel, pooling, gqa_reduce, keep, sinks=0):
+    """Naive SnapKV(+sinks): q (H, L, d), k (Hkv, L, d) of one sequence -> sorted kept columns per KV head."""
+    heads, length, dim = q.shape
+    kv_heads = k.shape[0]
+    group = heads // kv_heads
+    prefix = length - window
+    head_scores = []
+    for h in range(heads):
+        summed = [0.0] * length
+        for i in range(length - window, length):
+            logits = [float(q[h, i] @ k[h // group, j]) / math.sqrt(dim) for j in range(i + 1)]
+            top = max(logits)
+            weights = [math.exp(x - top) for x in logits]
+            total = sum(weights)
+            for j, w in enumerate(weights):
+                summed[j] += w / total
+        pooled = []
+        for j in range(prefix):
+            neighbours = [
+                summed[n] if 0 <= n < prefix else None for n in range(j - kernel // 2, j + kernel // 2 + 1)
+            ]
+            if pooling == "max":
+                pooled.append(max(x for x in neighbours if x is not None))
+            else:
+                pooled.append(sum(x or 0.0 for x in neighbours) / kernel)
+        head_scores.append(pooled)
+    kept = []
+    for g in range(kv_heads):
+        members = head_scores[g * group : (g + 1) * group]
+        reduce = (lambda xs: sum(xs) / len(xs)) if gqa_reduce == "mean" else max
+        scores = [reduce([m[j] for m in members]) for j in range(prefix)]
+        forced = set(range(sinks)) | set(range(prefix, length))
+        candidates = [j for j in range(prefix) if j not in forced]
+        ranked = sorted(candidates, key=lambda j: (-scores[j], j))[: keep - len(forced)]
+        kept.append(sorted(forced | set(ranked)))
+    return kept
+
+
+@pytest.mark.parametrize("pooling,gqa_reduce", [("max", "mean"), ("avg", "max")])
+def test_snapkv_selection_matches_naive_reference_on_random_tensors(pooling, gqa_reduce):
+    generator = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 6, 40, 8, generator=generator)
+    k = torch.randn(1, 2, 40, 8, generator=generator)
+    valid = torch.ones(1, 40, dtype=torch.bool)
+    cache = SnapKVCache(budget=20, window=6, kernel=5, pooling=pooling, gqa_reduce=gqa_reduce)
+    selected = cache.select(k, q, valid, 1 / math.sqrt(8)).pinned[0].tolist()
+    assert selected == reference_keep(q[0], k[0], 6, 5, pooling, gqa_reduce, keep=20)
+
+
+def test_snapstream_selection_pins_sinks_and_window_on_random_tensors():
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 50, 8, generator=generator)
+    k = torch.randn(1, 2, 50, 8, generator=generator)
+    valid = torch.ones(1, 50, dtype=torch.bool)
+    cache = SnapStreamCache(budget=30, window=5, kernel=3, sinks=2, ring=6)
+    selection = cache.select(k, q, valid, 1 / math.sqrt(8))
+    assert selection.capacity == 30
+    assert selection.pinned[0].tolist() == reference_keep(q[0], k[0], 5, 3, "max", "mean", keep=24, sinks=2)
+
+
+# --- the real model ---------------------------------------------------------------------------------
+
+PROMPT = (
+    "Read the notes and answer. Note 1: the vault code is 4417. Note 2: the garden has seven apple trees "
+    "and a small pond with orange fish. Note 3: the library opens at nine and closes at five, except on "
+    "Sundays. Note 4: the train to the coast leaves every forty minutes from platform two. Note 5: the "
+    "baker sells rye bread on Tuesdays. Question: what is the vault code? Explain briefly."
+)
+DECODE_STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(smollm):
+    return encode_chat(smollm.tokenizer, [{"role": "user", "content": PROMPT}])
+
+
+def run_cache(model, prompt_ids, cache, steps=DECODE_STEPS):
+    """Greedy decode with ``cache``; returns generated tokens and the logits of each decode step."""
+    tokens, step_logits = [], []
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache).logits[0, -1]
+        for _ in range(steps):
+            token = int(logits.argmax())
+            tokens.append(token)
+            logits = model(input_ids=torch.tensor([[token]]), past_key_values=cache).logits[0, -1]
+            step_logits.append(logits)
+    return tokens, torch.stack(step_logits)
+
+
+def capture_prefill(model, prompt_ids):
+    """Post-RoPE queries and keys of every layer for the prompt, from an uncompressed prefill."""
+    captured = {}
+
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        captured[module.layer_idx] = (query[0].clone(), key[0].clone())
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    with _attention(model, "capture_for_test", capture), torch.inference_mode():
+        model(input_ids=torch.tensor([prompt_ids]), past_key_values=DynamicCache())
+    return captured
+
+
+def masked_logits(model, sequence, masks):
+    """Logits of the uncompressed model over ``sequence`` with per-layer (kv_heads, T, T) boolean masks."""
+
+    def masked(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        group = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
+        mask = masks[module.layer_idx].repeat_interleave(group, 0)[None]
+        logits = (query @ key.transpose(-1, -2)) * (scaling or module.scaling)
+        weights = logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        return (weights @ value).transpose(1, 2).contiguous(), None
+
+    with _attention(model, "masked_for_test", masked), torch.inference_mode():
+        return model(input_ids=torch.tensor([sequence])).logits[0]
+
+
+class _attention:
+    """Temporarily switch ``model`` to a test attention function, then back to snapeval's."""
+
+    def __init__(self, model, name, function):
+        self.model, self.name = model, name
+        AttentionInterface.register(name, function)
+        AttentionMaskInterface.register(name, sdpa_mask)
+
+    def __enter__(self):
+        self.model.set_attn_implementation(self.name)
+
+    def __exit__(self, *exc):
+        self.model.set_attn_implementation(ATTENTION_NAME)
+
+
+def definition_masks(length, total, kv_heads, layers, prompt_visible, decode_visible):
+    """Masks: causal full attention over the prompt; decode row c sees prompt_visible[l][g] + decode_visible(c)."""
+    masks = {}
+    for layer in range(layers):
+        mask = torch.zeros(kv_heads, total, total, dtype=torch.bool)
+        mask[:, :length, :length] = torch.ones(length, length, dtype=torch.bool).tril()
+        for g in range(kv_heads):
+            for row in range(length, total):
+                mask[g, row, prompt_visible(layer, g)] = True
+                mask[g, row, decode_visible(row)] = True
+        masks[layer] = mask
+    return masks
+
+
+def assert_matches_definition(smollm, prompt_ids, cache, prompt_visible, decode_visible):
+    model = smollm.model
+    tokens, logits = run_cache(model, prompt_ids, cache)
+    sequence = prompt_ids + tokens
+    length, total = len(prompt_ids), len(sequence)
+    config = model.config
+    masks = definition_masks(
+        length, total, config.num_key_value_heads, config.num_hidden_layers, prompt_visible, decode_visible
+    )
+    reference = masked_logits(model, sequence, masks)[length:total]
+    assert (logits - reference).abs().max().item() < TOLERANCE
+    return tokens
+
+
+def test_streaming_llm_equals_full_attention_with_sinks_and_recent_mask(smollm, prompt_ids):
+    budget, sinks = 48, 4
+    length = len(prompt_ids)
+    assert length > budget
+    assert_matches_definition(
+        smollm,
+        prompt_ids,
+        StreamingLLMCache(budget=budget, sinks=sinks),
+        prompt_visible=lambda layer, g: list(range(sinks)),
+        decode_visible=lambda row: [c for c in range(row - (budget - sinks) + 1, row + 1) if c >= sinks],
+    )
+
+
+def test_snapkv_decode_equals_masked_full_model(smollm, prompt_ids):
+    window, kernel, budget = 8, 5, 48
+    captured = capture_prefill(smollm.model, prompt_ids)
+    kept = {
+        layer: reference_keep(q, k, window, kernel, "max", "mean", keep=budget)
+        for layer, (q, k) in captured.items()
+    }
+    cache = SnapKVCache(budget=budget, window=window, kernel=kernel)
+    length = len(prompt_ids)
+    assert_matches_definition(
+        smollm,
+        prompt_ids,
+        cache,
+        prompt_visible=lambda layer, g: kept[layer][g],
+        decode_visible=lambda row: list(range(length, row + 1)),
+    )
+    for layer in (0, 15, 29):
+        positions = cache.kept_positions(layer)[0]
+        for g in range(positions.shape[0]):
+            assert positions[g, :budget].tolist() == kept[layer][g]
+
+
+def test_snapstream_decode_equals_masked_full_model_past_ring_wrap(smollm, prompt_ids):
+    window, kernel, sinks, ring, budget = 8, 5, 4, 16, 80
+    captured = capture_prefill(smollm.model, prompt_ids)
+    kept = {
+        layer: reference_keep(q, k, window, kernel, "max", "mean", keep=budget - ring, sinks=sinks)
+        for layer, (q, k) in captured.items()
+    }
+    length = len(prompt_ids)
+    assert length > budget - ring and ring < DECODE_STEPS  # really evicts, and the ring wraps
+    assert_matches_definition(
+        smollm,
+        prompt_ids,
+        SnapStreamCache(budget=budget, window=window, kernel=kernel, sinks=sinks, ring=ring),
+        prompt_visible=lambda layer, g: kept[layer][g],
+        decode_visible=lambda row: [c for c in range(row - ring + 1, row + 1) if c >= length],
+    )
+
+
+@pytest.mark.parametrize(
+    "cache_factory",
+    [
+        lambda: SnapKVCache(budget=4096),
+        lambda: StreamingLLMCache(budget=4096),
+        lambda: SnapStreamCache(budget=4096),
+    ],
+    ids=["snapkv", "streaming_llm", "snapstream"],
+)
+def test_budget_holding_everything_reproduces_full_cache(smollm, prompt_ids, cache_factory):
+    full_tokens, full_logits = run_cache(smollm.model, prompt_ids, DynamicCache(), steps=32)
+    tokens, logits = run_cache(smollm.model, prompt_ids, cache_factory(), steps=32)
+    assert tokens == full_tokens
+    assert (logits - full_logits).abs().max().item() < TOLERANCE
