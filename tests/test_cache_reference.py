@@ -157,7 +157,7 @@ class _attention:
 
 
 def definition_masks(length, total, kv_heads, layers, prompt_visible, decode_visible):
-    """Masks: causal full attention over the prompt; decode row c sees prompt_visible[l][g] + decode_visible(c)."""
+    """Causal full attention over the prompt; decode row c sees prompt_visible(l, g) + decode_visible(c)."""
     masks = {}
     for layer in range(layers):
         mask = torch.zeros(kv_heads, total, total, dtype=torch.bool)
