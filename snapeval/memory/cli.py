@@ -1,0 +1,66 @@
+"""``python -m snapeval.memory key=value ...``: print a memory estimate, or one ``error:`` line."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from snapeval.errors import SnapevalError
+from snapeval.memory.estimate import estimate
+from snapeval.memory.report import render
+
+KEYS = ("model", "hardware", "context", "batch", "tp", "budget", "method", "kv_dtype", "weights_dtype")
+REQUIRED = ("model", "hardware", "context")
+INTEGER_KEYS = frozenset({"context", "batch", "tp", "budget"})
+NULL = "null"
+USAGE = (
+    "usage: python -m snapeval.memory model=<built-in name | config.json | hub id> hardware=<name> "
+    "context=<tokens> [batch=1] [tp=1] [budget=<tokens>] [method=full|snapstream|snapkv|streaming_llm] "
+    "[kv_dtype=bf16] [weights_dtype=bf16]"
+)
+EXIT_USAGE = 2
+
+
+def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
+    """Hydra-style ``key=value`` arguments as ``estimate`` keyword arguments (``null`` is None)."""
+    options: dict[str, Any] = {}
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise SnapevalError(f"expected key=value, got {arg!r}; {USAGE}")
+        if key not in KEYS:
+            raise SnapevalError(f"unknown key {key!r}; choose from {', '.join(KEYS)}")
+        if key in options:
+            raise SnapevalError("given twice", key)
+        options[key] = _value(key, value)
+    missing = [key for key in REQUIRED if options.get(key) is None]
+    if missing:
+        raise SnapevalError(f"missing {', '.join(f'{key}=' for key in missing)}; {USAGE}")
+    return options
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the estimate the arguments ask for; exit status 2 on bad input."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    try:
+        options = parse_overrides(args)
+        print(render(estimate(options.pop("model"), options.pop("hardware"), **options)))
+    except SnapevalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+def _value(key: str, text: str) -> Any:
+    if text == NULL:
+        return None
+    if key not in INTEGER_KEYS:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise SnapevalError(f"expected an integer, got {text!r}", key) from None
