@@ -18,6 +18,13 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 def main(cfg: DictConfig) -> None:
     config = OmegaConf.to_container(cfg, resolve=True)
     try:
+        if config["job"] == "memory":
+            from snapeval.memory.sweep import run_memory_point
+
+            print(run_memory_point(config))
+            return
+        if config["job"] != "evaluate":
+            raise SnapevalError(f"unknown job {config['job']!r}; choose one of evaluate, memory", "job")
         summary = run(config)
     except SnapevalError as exc:
         print(f"error: {exc}", file=sys.stderr)
