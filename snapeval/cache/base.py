@@ -201,6 +201,11 @@ class SnapevalCache(Cache):
         """(batch, kv_heads, slots) input column of every slot of a layer; -1 marks an empty slot."""
         return self.layers[layer_idx].positions
 
+    def append_limit(self) -> int | None:
+        """Most tokens one forward call may append after prefill (a ring's size), or None: no limit."""
+        rings = [layer.capacity - layer.ring_start for layer in self.layers if layer.capacity is not None]
+        return min(rings) if rings else None
+
     def kv_bytes(self) -> int:
         """Bytes of keys and values held, all layers."""
         return sum(layer.kv_bytes() for layer in self.layers)

@@ -1,0 +1,365 @@
+"""Run untrusted (model-written) Python programs, each in its own confined process.
+
+Every program gets a fresh private working directory (deleted afterwards), a scrubbed environment
+(``PATH``, ``LANG`` and a ``HOME`` inside that directory), resource limits (address space,
+processes, file size, CPU time, no core dumps) and a wall-clock timeout, after which it is killed
+with every process it started. Where the platform allows it (probed once, see :func:`isolation`)
+the program also runs
+
+* in private mount, network, pid and IPC namespaces: no network at all (not even loopback), a
+  private ``/proc``, and every process it starts dies with it;
+* on a read-only view of the whole filesystem except its working directory;
+* without capabilities and with ``no_new_privs`` (setuid binaries cannot raise privileges);
+* as the unprivileged uid ``nobody`` when the harness runs as root, so that the process limit
+  applies (the kernel exempts root from it).
+
+The limits and namespaces are applied by a small bootstrap (:data:`_BOOTSTRAP`) that runs between
+``unshare`` and the program's interpreter; it reports setup failures through a close-on-exec pipe,
+so that a broken sandbox raises :class:`~snapeval.errors.SnapevalError` instead of being scored
+as a failing program, and no program can fake such a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+from snapeval.errors import SnapevalError
+
+Status = Literal["ok", "error", "timeout", "memory", "killed"]
+
+SANDBOX_UID = 65534
+"""The uid (``nobody``) programs run as when the harness runs as root."""
+
+_PROGRAM_NAME = "main.py"
+_NAMESPACE_FLAGS = ("--mount", "--net", "--pid", "--ipc", "--fork", "--kill-child", "--mount-proc")
+_STARTED = b"\0"
+_GRACE_S = 2.0
+
+_BOOTSTRAP = r"""
+import ctypes, os, re, resource, signal, sys
+
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+LOCKED_FLAGS = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
+                "relatime": 1 << 21, "strictatime": 1 << 24}
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(target, flags, source=None):
+    check(libc.mount(source, target.encode(), None, flags, None), f"mount {target}")
+
+
+def read_only_filesystem(workdir):
+    # Private propagation first, so that nothing below ever reaches the host's mount table.
+    mount("/", MS_REC | MS_PRIVATE)
+    mount(workdir, MS_BIND, source=workdir.encode())
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split() for line in f]
+    for fields in mounts:
+        target = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])
+        if target != workdir:
+            locked = sum(LOCKED_FLAGS.get(option, 0) for option in fields[5].split(","))
+            mount(target, MS_REMOUNT | MS_BIND | MS_RDONLY | locked)
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        for cap in range(int(f.read()) + 1):
+            check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capabilities")
+
+
+def main(report, workdir, namespaces, uid, memory, processes, file_size, cpu, python, program):
+    os.set_inheritable(report, False)
+    os.write(report, b"\0")
+    if namespaces == "1":
+        read_only_filesystem(workdir)
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if uid != "-":
+        os.setgroups([])
+        os.setgid(int(uid))
+        os.setuid(int(uid))
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    for limit, value in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_NPROC, processes),
+                         (resource.RLIMIT_FSIZE, file_size), (resource.RLIMIT_CORE, "0")):
+        resource.setrlimit(limit, (int(value), int(value)))
+    resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu) + 1))
+    os.chdir(workdir)
+    try:
+        os.execv(python, [python, "-I", program])
+    except OSError as exc:
+        raise OSError(exc.errno, f"exec {python}: {exc.strerror}") from None
+
+
+try:
+    main(int(sys.argv[1]), *sys.argv[2:])
+except BaseException as exc:
+    os.write(int(sys.argv[1]), f"{type(exc).__name__}: {exc}".encode())
+    os._exit(125)
+"""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one program run.
+
+    ``timeout_s`` bounds each run (each test case). ``total_timeout_s`` bounds all the runs of one
+    program (see ``livecodebench.run_tests``); ``None`` means lcb_runner's ``(timeout + 1) * tests
+    + 5`` seconds.
+    """
+
+    timeout_s: float = 6.0
+    total_timeout_s: float | None = None
+    memory_bytes: int = 1 << 30
+    max_processes: int = 64
+    max_file_bytes: int = 64 << 20
+
+
+DEFAULT_LIMITS = SandboxLimits()
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """What one program run did. ``returncode`` is the launcher's exit status: negative when a
+    signal ended the program, but 1 when a namespaced program was SIGKILLed (``unshare``)."""
+
+    status: Status
+    stdout: str
+    stderr: str
+    returncode: int
+    seconds: float
+    network_isolated: bool
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How programs are confined on this machine; see :func:`isolation`."""
+
+    wrapper: tuple[str, ...]
+    uid: int | None
+    interpreter: str
+
+    @property
+    def namespaces(self) -> bool:
+        """Private mount/net/pid/ipc namespaces and a read-only filesystem."""
+        return bool(self.wrapper)
+
+
+def run_program(code: str, stdin: str = "", limits: SandboxLimits = DEFAULT_LIMITS) -> ExecutionResult:
+    """Run the Python program ``code`` with ``stdin`` under the strongest available isolation."""
+    return _execute(code, stdin, limits, isolation())
+
+
+@functools.cache
+def isolation() -> Isolation:
+    """Probe (once) the strongest isolation that works here, trying in order:
+
+    1. as root: ``unshare`` namespaces and uid ``nobody``;
+    2. ``unshare`` inside an unprivileged user namespace (programs keep the harness's uid);
+    3. resource limits only (and uid ``nobody`` as root).
+
+    For each, the first interpreter that the program's uid can run (the harness's own Python,
+    else the system ``python3``) is used.
+    """
+    for wrapper, uid in _candidate_wrappers():
+        for interpreter in _candidate_interpreters():
+            candidate = Isolation(wrapper, uid, interpreter)
+            with contextlib.suppress(SnapevalError):
+                probe = "import os, sys; sys.exit(0 if os.access(sys.executable, os.X_OK) else 1)"
+                if _execute(probe, "", DEFAULT_LIMITS, candidate).status == "ok":
+                    return candidate
+    raise SnapevalError("no way to run sandboxed Python programs on this machine")
+
+
+def _candidate_wrappers() -> Iterator[tuple[tuple[str, ...], int | None]]:
+    root = os.geteuid() == 0
+    unshare = shutil.which("unshare")
+    if unshare and root:
+        yield (unshare, *_NAMESPACE_FLAGS), SANDBOX_UID
+    if unshare:
+        yield (unshare, "--user", "--map-root-user", *_NAMESPACE_FLAGS), None
+    yield (), SANDBOX_UID if root else None
+
+
+def _candidate_interpreters() -> Iterator[str]:
+    yield sys.executable
+    system_python = shutil.which("python3", path=os.defpath)
+    if system_python and os.path.realpath(system_python) != os.path.realpath(sys.executable):
+        yield system_python
+
+
+def _execute(code: str, stdin: str, limits: SandboxLimits, iso: Isolation) -> ExecutionResult:
+    with (
+        _private_workdir(code, iso.uid) as workdir,
+        tempfile.TemporaryFile() as stdin_file,
+        tempfile.TemporaryFile() as stdout_file,
+        tempfile.TemporaryFile() as stderr_file,
+        _ReportPipe() as report,
+    ):
+        stdin_file.write(stdin.encode())
+        stdin_file.seek(0)
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            _command(iso, limits, workdir, report.write_fd),
+            stdin=stdin_file,
+            stdout=stdout_file,
+            stderr=stderr_file,
+            cwd=workdir,
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(workdir)},
+            start_new_session=True,
+            pass_fds=(report.write_fd,),
+        )
+        timed_out = True  # until it exits in time: also kills it if the harness is interrupted
+        try:
+            report.close_write_end()
+            timed_out = not _wait_for_exit(proc.pid, limits.timeout_s)
+            seconds = time.monotonic() - started
+        finally:
+            returncode = _stop(proc, kill_namespace=timed_out and iso.namespaces)
+        report.check(timed_out, returncode, stderr_file)
+        stdout = _read(stdout_file, limits.max_file_bytes)
+        stderr = _read(stderr_file, limits.max_file_bytes)
+    status = "timeout" if timed_out else _status(returncode, stderr)
+    return ExecutionResult(status, stdout, stderr, returncode, seconds, iso.namespaces)
+
+
+@contextlib.contextmanager
+def _private_workdir(code: str, uid: int | None) -> Iterator[Path]:
+    """A fresh directory holding the program as ``main.py``, owned by ``uid``; deleted afterwards."""
+    workdir = Path(tempfile.mkdtemp(prefix="snapeval-sandbox-")).resolve()
+    try:
+        (workdir / _PROGRAM_NAME).write_text(code, encoding="utf-8")
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        yield workdir
+    finally:
+        _remove_tree(workdir)
+
+
+def _command(iso: Isolation, limits: SandboxLimits, workdir: Path, report_fd: int) -> list[str]:
+    settings = (
+        report_fd,
+        workdir,
+        int(iso.namespaces),
+        "-" if iso.uid is None else iso.uid,
+        limits.memory_bytes,
+        limits.max_processes,
+        limits.max_file_bytes,
+        int(limits.timeout_s) + 1,
+        iso.interpreter,
+        workdir / _PROGRAM_NAME,
+    )
+    return [*iso.wrapper, sys.executable, "-I", "-S", "-c", _BOOTSTRAP, *map(str, settings)]
+
+
+class _ReportPipe:
+    """The bootstrap's close-on-exec channel: ``_STARTED``, then an error message if setup fails."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+
+    def __enter__(self) -> _ReportPipe:
+        return self
+
+    def close_write_end(self) -> None:
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def check(self, timed_out: bool, returncode: int, stderr: IO[bytes]) -> None:
+        """Raise ``SnapevalError`` unless the bootstrap started and exec'd the program."""
+        self.close_write_end()
+        report = _read_all(self.read_fd)
+        if report == _STARTED or (not report and timed_out):
+            return
+        stderr.seek(0)
+        message = (report[len(_STARTED) :] or stderr.read(2000)).decode(errors="replace").strip()
+        raise SnapevalError(f"sandbox setup failed: {message or f'launcher exit status {returncode}'}")
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close_write_end()
+        os.close(self.read_fd)
+
+
+def _wait_for_exit(pid: int, timeout_s: float) -> bool:
+    """Wait until ``pid`` exits, without reaping it. Returns False on timeout."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        return bool(poller.poll(max(timeout_s, 0.0) * 1000))
+    finally:
+        os.close(pidfd)
+
+
+def _stop(proc: subprocess.Popen[bytes], *, kill_namespace: bool) -> int:
+    """Kill whatever is left of a run, reap it, and return the launcher's exit status.
+
+    A timed-out namespace is stopped through its init, which ``unshare`` then reaps (the kernel
+    kills every other process in it first); anything else left is killed by process group. The
+    leader is reaped last, so its process group id cannot have been reused meanwhile.
+    """
+    if kill_namespace:
+        for child in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        _wait_for_exit(proc.pid, _GRACE_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # Fields after the command name, which may itself contain ") ": state, ppid, ...
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == pid:
+                children.append(int(stat.parent.name))
+    return children
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read(file: IO[bytes], max_bytes: int) -> str:
+    file.seek(0)
+    return file.read(max_bytes).decode(errors="replace")
+
+
+def _status(returncode: int, stderr: str) -> Status:
+    if returncode == 0:
+        return "ok"
+    if stderr.rstrip().rpartition("\n")[2].startswith("MemoryError"):
+        return "memory"
+    return "killed" if returncode < 0 else "error"
+
+
+def _remove_tree(root: Path) -> None:
+    """Delete ``root`` even if the program left unreadable directories in it (never follows links)."""
+    os.chmod(root, 0o700)
+    for dirpath, dirnames, _ in os.walk(root):
+        for name in dirnames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o700)
+    shutil.rmtree(root)
