@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from snapeval.errors import SnapevalError
+from snapeval.paths import CONF_DIR
 from snapeval.runner import format_summary, run
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")

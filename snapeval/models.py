@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from snapeval.errors import SnapevalError
+from snapeval.paths import CONF_DIR
 
 PACKAGE_SCHEME = "pkg://"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,6 +37,16 @@ class ModelSpec:
     def from_config(cls, cfg) -> ModelSpec:
         fields = cls.__dataclass_fields__
         return cls(**{k: cfg[k] for k in fields if k in cfg and cfg[k] is not None})
+
+
+def model_spec(name_or_id: str) -> ModelSpec:
+    """The spec of a model config in ``conf/model`` (``smollm2-135m``), else a Hub id or local path."""
+    config_file = CONF_DIR / "model" / f"{name_or_id}.yaml"
+    if config_file.is_file():
+        from omegaconf import OmegaConf
+
+        return ModelSpec.from_config(OmegaConf.to_container(OmegaConf.load(config_file)))
+    return ModelSpec(name=name_or_id, pretrained=name_or_id)
 
 
 def resolve_device(device: str) -> torch.device:

@@ -20,7 +20,8 @@ from tqdm import tqdm
 from snapeval.cache import build_cache, install
 from snapeval.errors import SnapevalError
 from snapeval.generation import Sampling, generate
-from snapeval.models import ModelSpec, encode_chat, load_model, load_tokenizer
+from snapeval.models import ModelSpec, load_model, load_tokenizer
+from snapeval.prompting import encode_with_split, fit_to_window
 from snapeval.results import ResultsDB, config_hash
 from snapeval.stats import mean_ci
 from snapeval.tasks import load_task
@@ -111,13 +112,10 @@ def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, dige
     for prompt in tqdm(
         todo, desc=f"{task.name} [{cfg['cache']['method']}]", disable=not cfg.get("progress", True)
     ):
-        prompt_ids = encode_chat(tokenizer, prompt.messages)
-        if len(prompt_ids) + max_new_tokens > spec.max_context:
-            raise SnapevalError(
-                f"sample {prompt.id} needs {len(prompt_ids)} + {max_new_tokens} tokens, beyond the model's "
-                f"{spec.max_context}",
-                "task.context_length",
-            )
+        messages = fit_to_window(
+            tokenizer, prompt.messages, spec.max_context - max_new_tokens, task.truncation
+        )
+        prompt_ids, compress_at = encode_with_split(tokenizer, messages, task.query_start)
         cache = build_cache(cfg["cache"], strict=False)
         sampling = Sampling(
             do_sample=generation_cfg["do_sample"],
@@ -125,7 +123,7 @@ def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, dige
             top_p=generation_cfg["top_p"],
             seed=_sample_seed(cfg["seed"], prompt.id),
         )
-        result = generate(model, prompt_ids, cache, max_new_tokens, stop_ids, sampling)
+        result = generate(model, prompt_ids, cache, max_new_tokens, stop_ids, sampling, compress_at)
         output = tokenizer.decode(result.tokens, skip_special_tokens=True)
         metrics = task.score(prompt, output)
         db.add_sample(
@@ -143,7 +141,7 @@ def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, dige
                 "generated_tokens": len(result.tokens),
                 "peak_memory_bytes": _peak_memory_bytes(model.device),
                 "kv_bytes": cache.kv_bytes(),
-                "extra": prompt.metadata,
+                "extra": {**prompt.metadata, "compressed_prompt_tokens": compress_at or len(prompt_ids)},
             },
         )
 

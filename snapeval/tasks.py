@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from snapeval import synthetic
 from snapeval.errors import SnapevalError
+from snapeval.paths import TASKS_DIR
 
 
 @dataclass(frozen=True)
@@ -23,11 +24,14 @@ class Prompt:
     messages: list[dict[str, str]]
     target: Any
     metadata: dict[str, Any] = field(default_factory=dict)
+    doc: Any = field(default=None, repr=False, compare=False)  # the task's own row, never stored
 
 
 class EvalTask(Protocol):
     name: str
     max_new_tokens: int
+    truncation: str  # "error" | "middle": what to do with a prompt longer than the model's window
+    query_start: str | None  # text where the query begins, for query-agnostic compression
 
     def prompts(self, tokenizer: PreTrainedTokenizerBase) -> list[Prompt]:
         """Every sample of the task, in a fixed order."""
@@ -46,6 +50,8 @@ class SyntheticTask:
     num_samples: int
     seed: int
     max_new_tokens: int
+    truncation: str = "error"
+    query_start: str | None = None
 
     def prompts(self, tokenizer: PreTrainedTokenizerBase) -> list[Prompt]:
         samples = synthetic.generate(self.kind, tokenizer, self.context_length, self.num_samples, self.seed)
@@ -63,9 +69,65 @@ class SyntheticTask:
         return {"score": synthetic.score(output, prompt.target, synthetic.SCORE_MODES[self.kind])}
 
 
+@dataclass
+class LmEvalTask:
+    """A task defined for lm-eval under ``tasks/`` (YAML + utils), run by snapeval's own runner.
+
+    Prompts come from the task's ``doc_to_text`` (its ``description`` as the system message), scores
+    from its ``process_results``; ``score`` is the first metric of its ``metric_list``.
+    """
+
+    name: str
+    lm_eval_task: str
+    max_new_tokens: int
+    id_field: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    truncation: str = "error"
+    query_start: str | None = None
+
+    def _task(self):
+        from lm_eval.tasks import TaskManager
+
+        manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=self.metadata)
+        if self.lm_eval_task not in manager.all_tasks:
+            raise SnapevalError(
+                f"no lm-eval task {self.lm_eval_task!r} under {TASKS_DIR}; "
+                f"choose one of {', '.join(manager.all_tasks)}",
+                "task.lm_eval_task",
+            )
+        return manager.load([self.lm_eval_task])["tasks"][self.lm_eval_task]
+
+    def prompts(self, tokenizer: PreTrainedTokenizerBase) -> list[Prompt]:
+        self.task = self._task()
+        system = (self.task.config.description or "").strip()
+        prompts = []
+        for index, doc in enumerate(self.task.eval_docs):
+            messages = [{"role": "user", "content": self.task.doc_to_text(doc)}]
+            if system:
+                messages.insert(0, {"role": "system", "content": system})
+            sample_id = str(doc[self.id_field]) if self.id_field else str(index)
+            prompts.append(Prompt(sample_id, messages, self.task.doc_to_target(doc), doc=doc))
+        return prompts
+
+    def score(self, prompt: Prompt, output: str) -> dict[str, float]:
+        metrics = self.task.process_results(prompt.doc, [output])
+        primary = self.task.config.metric_list[0]["metric"]
+        return {"score": float(metrics[primary]), **{k: float(v) for k, v in metrics.items()}}
+
+
 def load_task(cfg: Mapping[str, Any], seed: int) -> EvalTask:
     """Build the task named by the ``task`` config group."""
     family = cfg.get("family")
+    if family == "lm_eval":
+        return LmEvalTask(
+            name=cfg["name"],
+            lm_eval_task=cfg["lm_eval_task"],
+            max_new_tokens=cfg["max_new_tokens"],
+            id_field=cfg.get("id_field"),
+            metadata={"seed": seed, **(cfg.get("metadata") or {})},
+            truncation=cfg.get("truncation", "error"),
+            query_start=cfg.get("query_start") if cfg.get("compression") == "query_agnostic" else None,
+        )
     if family == "synthetic":
         return SyntheticTask(
             name=cfg["name"],
@@ -75,4 +137,4 @@ def load_task(cfg: Mapping[str, Any], seed: int) -> EvalTask:
             seed=seed,
             max_new_tokens=cfg["max_new_tokens"],
         )
-    raise SnapevalError(f"unknown task family {family!r}; choose one of synthetic", "task.family")
+    raise SnapevalError(f"unknown task family {family!r}; choose one of synthetic, lm_eval", "task.family")

@@ -9,9 +9,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from snapeval.__main__ import CONF_DIR
 from snapeval.cache import install
 from snapeval.models import ModelSpec, load_model, load_tokenizer
+from snapeval.paths import CONF_DIR
 
 
 def compose_config(*overrides: str) -> dict:

@@ -1,0 +1,168 @@
+"""``snapstream``: an lm-eval model that evaluates under a compressed KV cache.
+
+For every request it prefills the context into a fresh snapeval cache (which compresses itself at the
+end of that prefill), and only then scores the continuation (``loglikelihood``) or generates
+(``generate_until``) against the compressed cache. A hook that compressed after a full forward pass
+would leave log-likelihoods unchanged (lm-eval issue 3298); here the continuation never sees what
+was evicted.
+
+Model arguments: ``pretrained`` (a snapeval model name such as ``smollm2-135m``, a Hub id, or a path),
+``method`` (full | streaming_llm | snapkv | snapstream) and the method's parameters (``budget``,
+``ratio``, ``window``, ``kernel``, ``pooling``, ``sinks``, ``ring``, ``gqa_reduce``), ``compression``
+(query_aware: the whole context is compressed; query_agnostic: the context up to the last occurrence of
+``query_start`` is compressed and the rest appended after), ``max_length`` (default: the model's window).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from snapeval.cache import build_cache, install
+from snapeval.errors import SnapevalError
+from snapeval.generation import Sampling, continuation_logprob, generate
+from snapeval.models import load_model, load_tokenizer, model_spec
+
+CACHE_PARAMETERS = ("budget", "ratio", "window", "kernel", "pooling", "sinks", "ring", "gqa_reduce")
+COMPRESSIONS = ("query_aware", "query_agnostic")
+
+
+@register_model("snapstream")
+class SnapStreamLM(LM):
+    """lm-eval model: compress the context at prefill, then score or generate."""
+
+    def __init__(
+        self,
+        pretrained: str = "smollm2-135m",
+        method: str = "snapstream",
+        compression: str = "query_aware",
+        query_start: str | None = None,
+        max_length: int | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        batch_size: int | str = 1,
+        **cache_parameters: Any,
+    ) -> None:
+        super().__init__()
+        unknown = sorted(set(cache_parameters) - set(CACHE_PARAMETERS) - {"max_batch_size"})
+        if unknown:
+            raise SnapevalError(f"unknown model argument(s) {', '.join(unknown)}", "model_args")
+        if compression not in COMPRESSIONS:
+            raise SnapevalError(f"choose one of {', '.join(COMPRESSIONS)}", "compression")
+        self.cache_parameters = {
+            "method": method,
+            **{k: cache_parameters[k] for k in CACHE_PARAMETERS if k in cache_parameters},
+        }
+        build_cache(self.cache_parameters)  # bad parameters fail before the model loads
+        spec = model_spec(pretrained)
+        if device and device.startswith("cuda") and not torch.cuda.is_available():
+            logging.getLogger(__name__).warning("no CUDA here: using cpu instead of %s", device)
+            device = "cpu"
+        overrides = {"device": device, "dtype": dtype}
+        spec = type(spec)(**{**spec.__dict__, **{k: v for k, v in overrides.items() if v}})
+        self.tokenizer = load_tokenizer(spec)
+        self.model = install(load_model(spec))
+        self.max_length = int(max_length or spec.max_context)
+        self.compression, self.query_start = compression, query_start
+
+    # --- lm-eval's chat-template hooks ------------------------------------------------------------
+    @property
+    def tokenizer_name(self) -> str:
+        return self.tokenizer.name_or_path.replace("/", "__")
+
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        return self.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _split(self, context: str) -> tuple[list[int], int | None]:
+        """Context ids and where compression happens: all of it, or up to the query."""
+        if self.compression == "query_agnostic" and self.query_start and self.query_start in context:
+            cut = context.rfind(self.query_start)
+            head = self._encode(context[:cut])
+            return head + self._encode(context[cut:]), len(head)
+        return self._encode(context), None
+
+    def _cache(self):
+        return build_cache(self.cache_parameters)
+
+    # --- the three request types -----------------------------------------------------------------
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        results = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="loglikelihood"):
+            context, continuation = request.args
+            stripped = context.rstrip()
+            continuation = context[len(stripped) :] + continuation  # whitespace belongs to the continuation
+            context_ids, compress_at = self._split(stripped)
+            whole = self._encode(stripped + continuation)
+            continuation_ids = whole[len(self._encode(stripped)) :] or self._encode(continuation)
+            if not context_ids:
+                context_ids = [self.tokenizer.eos_token_id]
+            results.append(
+                continuation_logprob(self.model, context_ids, continuation_ids, self._cache(), compress_at)
+            )
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        results = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="loglikelihood_rolling"):
+            ids = self._encode(request.args[0])[-(self.max_length - 1) :]
+            logprob, _ = continuation_logprob(self.model, [self.tokenizer.eos_token_id], ids, self._cache())
+            results.append(logprob)
+        return results
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        outputs = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="generate_until"):
+            context, gen_kwargs = request.args
+            until = [s for s in (gen_kwargs.get("until") or []) if s]
+            max_new = int(gen_kwargs.get("max_gen_toks", 256))
+            context_ids, compress_at = self._split(context)
+            overflow = len(context_ids) + max_new - self.max_length
+            if overflow > 0:  # middle truncation, as LongBench's official pred.py
+                keep = len(context_ids) - overflow
+                context_ids = context_ids[: keep // 2] + context_ids[len(context_ids) - (keep - keep // 2) :]
+                compress_at = None
+            sampling = Sampling(
+                do_sample=bool(gen_kwargs.get("do_sample", False)),
+                temperature=float(gen_kwargs.get("temperature") or 1.0),
+                top_p=float(gen_kwargs.get("top_p") or 1.0),
+                seed=int(gen_kwargs.get("seed", 0) or 0),
+            )
+            result = generate(
+                self.model,
+                context_ids,
+                self._cache(),
+                max_new,
+                {self.tokenizer.eos_token_id},
+                sampling,
+                compress_at,
+                should_stop=self._stop_check(until),
+            )
+            text = self.tokenizer.decode(result.tokens, skip_special_tokens=True)
+            for stop in until:
+                text = text.split(stop)[0]
+            outputs.append(text)
+        return outputs
+
+    def _stop_check(self, until: list[str]):
+        if not until:
+            return None
+        window = max(len(self._encode(stop)) for stop in until) + 4
+
+        def should_stop(tokens: list[int]) -> bool:
+            tail = self.tokenizer.decode(tokens[-window:], skip_special_tokens=True)
+            return any(stop in tail for stop in until)
+
+        return should_stop

@@ -1,0 +1,54 @@
+"""Turn a task's chat messages into model input: fit the window, and mark where compression happens."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from snapeval.errors import SnapevalError
+from snapeval.models import encode_chat
+
+TRUNCATIONS = ("error", "middle")
+
+
+def fit_to_window(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], max_tokens: int, truncation: str
+) -> list[dict[str, str]]:
+    """Messages whose encoding takes at most ``max_tokens``.
+
+    ``middle`` drops tokens from the middle of the last message, keeping its head and tail as LongBench's
+    official ``pred.py`` does; ``error`` refuses a prompt that does not fit.
+    """
+    excess = len(encode_chat(tokenizer, messages)) - max_tokens
+    if excess <= 0:
+        return messages
+    if truncation != "middle":
+        raise SnapevalError(
+            f"a prompt is {excess} tokens longer than the model's window minus max_new_tokens; "
+            "shorten it or set task.truncation=middle",
+            "task.truncation",
+        )
+    content = tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
+    keep = len(content) - excess
+    if keep <= 1:
+        raise SnapevalError(
+            "the model's window cannot hold even the prompt's template", "task.max_new_tokens"
+        )
+    head, tail = content[: keep // 2], content[len(content) - (keep - keep // 2) :]
+    text = tokenizer.decode(head) + tokenizer.decode(tail)
+    return [*messages[:-1], {**messages[-1], "content": text}]
+
+
+def encode_with_split(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], query_start: str | None
+) -> tuple[list[int], int | None]:
+    """Token ids of the chat prompt and, when ``query_start`` occurs in it, the index where the query
+    begins: the tokens before it are compressed at prefill, the query is appended after (query-agnostic)."""
+    if not query_start:
+        return encode_chat(tokenizer, messages), None
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    cut = text.rfind(query_start)
+    if cut <= 0:
+        return encode_chat(tokenizer, messages), None
+    context = tokenizer(text[:cut], add_special_tokens=False)["input_ids"]
+    query = tokenizer(text[cut:], add_special_tokens=False)["input_ids"]
+    return context + query, len(context)
