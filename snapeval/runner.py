@@ -60,7 +60,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
 
 def stored_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The config as recorded with results: the cache reduced to its effective parameters, no db URL."""
-    stored = {key: value for key, value in cfg.items() if key not in ("db", "hydra")}
+    stored = {key: value for key, value in cfg.items() if key not in ("db", "hydra", "memory", "job")}
     stored["cache"] = build_cache(cfg["cache"], strict=False).params()
     return stored
 

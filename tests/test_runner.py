@@ -8,7 +8,8 @@ from snapeval import runner
 from snapeval.generation import generate
 from snapeval.models import encode_chat
 from snapeval.results import ResultsDB, load
-from tests.conftest import compose_config
+
+from .conftest import compose_config
 
 
 def test_chat_prompt_without_extra_special_tokens_answers_paris(smollm):

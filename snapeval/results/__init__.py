@@ -4,7 +4,8 @@ SQLite by default (``results/snapeval.sqlite``, or ``$SNAPEVAL_DB``), in WAL mod
 timeout so that the processes of a Hydra multirun can write to it at once; any SQLAlchemy URL
 otherwise, such as ``postgresql://host/db`` for a database shared between machines. Samples are
 keyed by the hash of the run's config (:func:`config_hash`), so an interrupted or extended run
-resumes from the samples already stored.
+resumes from the samples already stored. Memory estimates (``job=memory``) go in their own table,
+one row per memory config (:meth:`ResultsDB.add_memory_estimate`, :func:`load_memory`).
 """
 
 from __future__ import annotations
@@ -55,9 +56,10 @@ DB_ENV_VAR = "SNAPEVAL_DB"
 BUSY_TIMEOUT_MS = 30_000
 
 #: Config keys (dotted paths) that do not change what a sample's result is, left out of
-#: :func:`config_hash`: where results go, Hydra's own settings, progress display, and
-#: ``task.limit`` so that a run with a larger limit reuses the samples of a smaller one.
-DEFAULT_IGNORED: tuple[str, ...] = ("db", "hydra", "progress", "task.limit")
+#: :func:`config_hash`: where results go, Hydra's own settings, progress display, the memory
+#: estimator's settings, and ``task.limit`` so that a run with a larger limit reuses the samples
+#: of a smaller one.
+DEFAULT_IGNORED: tuple[str, ...] = ("db", "hydra", "progress", "memory", "task.limit")
 
 #: Short column names in :func:`load`, for the config keys that identify an experiment.
 ALIASES: dict[str, str] = {
@@ -125,8 +127,18 @@ samples = Table(
     UniqueConstraint("config_hash", "sample_id", name="uq_samples_config_sample"),
 )
 
-#: The supported databases, with their INSERT that can skip a row already stored.
-_INSERT_OR_IGNORE = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+memory_estimates = Table(
+    "memory_estimates",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("config_hash", String(64), nullable=False, unique=True),
+    Column("config", JSON(none_as_null=True), nullable=False),
+    Column("estimate", JSON(none_as_null=True), nullable=False),
+    Column("estimated_at", DateTime(timezone=True), nullable=False),
+)
+
+#: The supported databases, with their INSERT that can skip or replace a row already stored.
+_INSERT_ON_CONFLICT = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 
 
 def config_hash(config: Mapping[str, Any], ignore: Iterable[str] = DEFAULT_IGNORED) -> str:
@@ -223,7 +235,7 @@ class ResultsDB:
                 raise SnapevalError(f"no results database at {path}; run python -m snapeval first")
             path.parent.mkdir(parents=True, exist_ok=True)
         self.engine: Engine = create_engine(self.url)
-        if self.engine.dialect.name not in _INSERT_OR_IGNORE:
+        if self.engine.dialect.name not in _INSERT_ON_CONFLICT:
             raise SnapevalError(
                 f"unsupported database {self.engine.dialect.name!r}; use SQLite or PostgreSQL"
             )
@@ -284,7 +296,7 @@ class ResultsDB:
             "config_hash": config_hash,
             "created_at": _utcnow(),
         }
-        insert = _INSERT_OR_IGNORE[self.engine.dialect.name](samples).values(values)
+        insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](samples).values(values)
         with self.engine.begin() as conn:
             result = conn.execute(insert.on_conflict_do_nothing(index_elements=["config_hash", "sample_id"]))
         return result.rowcount == 1
@@ -311,6 +323,31 @@ class ResultsDB:
             [{**run_columns[sample["run_id"]], **_sample_columns(sample)} for sample in sample_rows]
         )
 
+    def add_memory_estimate(self, config: Mapping[str, Any], row: Mapping[str, Any]) -> None:
+        """Store the estimate ``row`` of the memory ``config``, replacing any stored for the same config."""
+        values = {
+            "config_hash": config_hash(config, ignore=()),
+            "config": dict(config),
+            "estimate": dict(row),
+            "estimated_at": _utcnow(),
+        }
+        insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](memory_estimates).values(values)
+        replace = {key: insert.excluded[key] for key in ("config", "estimate", "estimated_at")}
+        with self.engine.begin() as conn:
+            conn.execute(insert.on_conflict_do_update(index_elements=["config_hash"], set_=replace))
+
+    def memory_dataframe(self) -> pd.DataFrame:
+        """One row per memory estimate: the estimate's columns, its config hash and when it was made."""
+        query = select(memory_estimates).order_by(memory_estimates.c.id)
+        with self.engine.connect() as conn:
+            stored = conn.execute(query).mappings().all()
+        return pd.DataFrame.from_records(
+            [
+                {**row["estimate"], "config_hash": row["config_hash"], "estimated_at": row["estimated_at"]}
+                for row in stored
+            ]
+        )
+
 
 def _run_columns(run: Mapping[str, Any]) -> dict[str, Any]:
     flat = flatten(run["config"])
@@ -329,6 +366,12 @@ def load(url_or_path: str | os.PathLike[str] | None = None) -> pd.DataFrame:
     """All samples of an existing database as a DataFrame; see :meth:`ResultsDB.dataframe`."""
     with ResultsDB(url_or_path, must_exist=True) as db:
         return db.dataframe()
+
+
+def load_memory(url_or_path: str | os.PathLike[str] | None = None) -> pd.DataFrame:
+    """All memory estimates of an existing database as a DataFrame; see :meth:`ResultsDB.memory_dataframe`."""
+    with ResultsDB(url_or_path, must_exist=True) as db:
+        return db.memory_dataframe()
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:

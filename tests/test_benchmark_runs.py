@@ -1,0 +1,53 @@
+"""The real benchmarks end to end through the runner on the embedded model and ../shared/data."""
+
+from __future__ import annotations
+
+import pytest
+
+from snapeval import runner
+from snapeval.results import load
+
+from .conftest import compose_config
+from .paths import SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def shared_data(monkeypatch):
+    if not SHARED_DATA.exists():
+        pytest.skip(f"no shared benchmark data at {SHARED_DATA}")
+    monkeypatch.setenv("SNAPEVAL_DATA_DIR", str(SHARED_DATA))
+
+
+def run(tmp_path, *overrides):
+    return runner.run(compose_config(f"db.url={tmp_path / 'db.sqlite'}", "progress=false", *overrides))
+
+
+def test_longbench_v2_truncated_to_the_window_query_agnostic(smollm, tmp_path):
+    summary = run(
+        tmp_path,
+        "task=longbench_v2",
+        "task.limit=1",
+        "model.max_context=1024",
+        "task.max_new_tokens=16",
+        "task.compression=query_agnostic",
+        "cache=snapstream",
+        "cache.budget=256",
+    )
+    frame = load(tmp_path / "db.sqlite")
+    assert summary.n == 1
+    assert frame["prompt_tokens"].iloc[0] <= 1024 - 16
+    assert frame["extra"].iloc[0]["compressed_prompt_tokens"] < frame["prompt_tokens"].iloc[0]
+    assert {"metric.acc", "metric.acc_easy"} & set(frame.columns) or "metric.acc_hard" in frame.columns
+    assert frame["kv_bytes"].iloc[0] == 256 * 30 * 3 * 64 * 2 * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache", ["full", "snapstream"])
+@pytest.mark.parametrize("task", ["aime24", "longbench_v2", "livecodebench"])
+def test_each_benchmark_runs_under_full_and_snapstream(smollm, tmp_path, task, cache):
+    overrides = [f"task={task}", "task.limit=2", "task.max_new_tokens=64", f"cache={cache}"]
+    if task == "longbench_v2":
+        overrides.append("model.max_context=2048")
+    summary = run(tmp_path, *overrides)
+    assert summary.n == 2
+    assert (load(tmp_path / "db.sqlite")["metric.score"].between(0, 1)).all()

@@ -1,0 +1,64 @@
+"""The `snapstream` lm-eval model: compression happens before scoring, so log-likelihoods move with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+
+from snapeval.lm_eval_model import SnapStreamLM
+
+CONTEXT = (
+    "Inventory notes. Shelf A holds blue jars of honey. Shelf B holds the red boxes of tea and a brass "
+    "scale. Shelf C holds wool blankets, candles and a lantern. The storeroom key is kept under the green "
+    "flowerpot next to the door. Shelf D holds flour, salt and sugar in paper bags. Shelf E holds rope, "
+    "nails and a hammer. Question: where is the storeroom key kept? Answer: under the"
+)
+CONTINUATION = " green flowerpot next to the door."
+
+
+def loglikelihood(model: SnapStreamLM) -> tuple[float, bool]:
+    request = Instance("loglikelihood", doc={}, arguments=(CONTEXT, CONTINUATION), idx=0)
+    return model.loglikelihood([request], disable_tqdm=True)[0]
+
+
+@pytest.fixture(scope="module")
+def full(smollm) -> SnapStreamLM:
+    return SnapStreamLM(pretrained="smollm2-135m", method="full")
+
+
+def test_full_cache_loglikelihood_equals_a_plain_forward_pass(full, smollm):
+    context = full._encode(CONTEXT)
+    continuation = full._encode(CONTEXT + CONTINUATION)[len(context) :]
+    with torch.inference_mode():
+        logits = smollm.model(input_ids=torch.tensor([context + continuation])).logits[0].float()
+    expected = (
+        logits[len(context) - 1 : -1].log_softmax(-1).gather(-1, torch.tensor(continuation)[:, None]).sum()
+    )
+    assert loglikelihood(full)[0] == pytest.approx(float(expected), abs=1e-3)
+
+
+def test_budget_holding_the_prompt_gives_the_full_loglikelihood(full, smollm):
+    roomy = SnapStreamLM(pretrained="smollm2-135m", method="snapstream", budget=4096)
+    assert loglikelihood(roomy)[0] == pytest.approx(loglikelihood(full)[0], abs=1e-4)
+
+
+def test_small_budget_changes_the_loglikelihood(full, smollm):
+    tight = SnapStreamLM(
+        pretrained="smollm2-135m", method="snapstream", budget=40, window=8, kernel=3, ring=16
+    )
+    assert abs(loglikelihood(tight)[0] - loglikelihood(full)[0]) > 0.05
+
+
+def test_generate_until_stops_at_the_stop_string(full):
+    request = Instance(
+        "generate_until",
+        doc={},
+        arguments=(
+            full.apply_chat_template([{"role": "user", "content": "Count from 1 to 20."}]),
+            {"until": ["5"], "max_gen_toks": 64},
+        ),
+        idx=0,
+    )
+    output = full.generate_until([request], disable_tqdm=True)[0]
+    assert "5" not in output and "4" in output

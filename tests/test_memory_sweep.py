@@ -1,0 +1,102 @@
+"""``job=memory`` and ``+exp=memory_sweep``: one stored estimate per point, equal to the engine's bytes."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from snapeval.cache import FullCache, SnapevalCache, SnapStreamCache
+from snapeval.errors import SnapevalError
+from snapeval.memory import estimate, geometry_from_config
+from snapeval.memory.sweep import run_memory_point
+from snapeval.models import encode_chat
+from snapeval.results import load_memory
+from tests.conftest import compose_config
+
+SWEEP_CONTEXTS = (8192, 32768, 131072)
+SWEEP_BUDGETS = (1024, 4096, 32768)
+PROMPT = " ".join(f"Fact {i}: the Moon is about 384,400 km from the Earth." for i in range(12))
+
+
+def snapeval(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m snapeval`` run in ``cwd``, where Hydra writes its output folders."""
+    return subprocess.run(
+        [sys.executable, "-m", "snapeval", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_sweep_stores_one_row_per_point(tmp_path):
+    db = tmp_path / "memory.sqlite"
+    result = snapeval("+exp=memory_sweep", f"db.url={db}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    df = load_memory(db)
+    points = sorted(zip(df["context"], df["budget"], strict=True))
+    assert points == list(itertools.product(SWEEP_CONTEXTS, SWEEP_BUDGETS))
+    stored = df[(df["context"] == 131072) & (df["budget"] == 32768)].iloc[0]
+    expected = estimate("deepseek-r1", "sn40l", context=131072, tp=16, budget=32768).as_row()
+    assert {key: stored[key] for key in expected} == expected
+    assert result.stdout.count("deepseek-r1 (MLA") == len(df)
+
+
+def test_rerunning_a_point_replaces_its_row(tmp_path):
+    config = compose_config("job=memory", f"db.url={tmp_path / 'memory.sqlite'}")
+    first = run_memory_point(config)
+    stored_at = load_memory(tmp_path / "memory.sqlite").loc[0, "estimated_at"]
+    assert run_memory_point(config) == first
+    df = load_memory(tmp_path / "memory.sqlite")
+    assert len(df) == 1
+    assert df.loc[0, "estimated_at"] > stored_at
+    assert (df.loc[0, "model"], df.loc[0, "tokens_compressed"]) == ("smollm2-135m", 1024)
+
+
+@pytest.mark.parametrize(
+    "override,field,message",
+    [
+        ("memory.context=-5", "memory.context", "must be a positive integer"),
+        ("memory.hardware=tpu", "memory.hardware", "unknown hardware 'tpu'"),
+        ("memory.kv_dtype=fp4", "memory.kv_dtype", "unknown dtype 'fp4'"),
+        ("memory.model=123", "memory.model", "expected a name"),
+        ("memory.budget=null", "memory.budget", "required by method=snapstream"),
+        ("+memory.contxt=5", "memory.contxt", "unknown key"),
+    ],
+)
+def test_bad_memory_values_name_their_key(override, field, message, tmp_path):
+    config = compose_config("job=memory", override, f"db.url={tmp_path / 'memory.sqlite'}")
+    with pytest.raises(SnapevalError, match=message) as error:
+        run_memory_point(config)
+    assert error.value.field == field
+
+
+def test_bad_memory_value_is_one_error_line_and_exit_2(tmp_path):
+    result = snapeval("job=memory", "memory.context=-5", f"db.url={tmp_path / 'memory.sqlite'}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr == "error: memory.context: must be a positive integer, got -5\n"
+
+
+@pytest.mark.parametrize(
+    "cache,budget",
+    [
+        pytest.param(FullCache(), None, id="full"),
+        pytest.param(SnapStreamCache(budget=128, window=8, kernel=3, sinks=2, ring=16), 128, id="snapstream"),
+    ],
+)
+def test_estimated_kv_bytes_equal_the_engine_cache_after_prefill(smollm, cache: SnapevalCache, budget):
+    prompt_ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": PROMPT}])
+    assert len(prompt_ids) > 128  # more than the SnapStream budget: its prompt is compressed
+    assert smollm.model.dtype == torch.float32
+    with torch.inference_mode():
+        smollm.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)
+    expected = estimate(
+        geometry_from_config(smollm.model.config),
+        "sn40l",
+        context=len(prompt_ids),
+        method=cache.method,
+        budget=budget,
+        kv_dtype="fp32",
+    )
+    assert cache.kv_bytes() == expected.kv_bytes_per_sequence_compressed

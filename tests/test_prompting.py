@@ -1,0 +1,37 @@
+"""Fitting prompts to the window (LongBench's middle truncation) and the query-agnostic split."""
+
+from __future__ import annotations
+
+import pytest
+
+from snapeval.errors import SnapevalError
+from snapeval.models import encode_chat
+from snapeval.prompting import encode_with_split, fit_to_window
+
+DOCUMENT = " ".join(f"Sentence number {i} of the document." for i in range(200))
+
+
+def test_middle_truncation_keeps_head_and_tail_within_the_window(smollm):
+    tokenizer = smollm.tokenizer
+    messages = [{"role": "user", "content": f"BEGIN {DOCUMENT} END"}]
+    fitted = fit_to_window(tokenizer, messages, 300, "middle")
+    assert len(encode_chat(tokenizer, fitted)) <= 300
+    content = fitted[0]["content"]
+    assert content.startswith("BEGIN Sentence number 0") and content.endswith(
+        "number 199 of the document. END"
+    )
+    assert "number 100 of" not in content
+
+
+def test_overlong_prompt_without_truncation_is_an_error(smollm):
+    with pytest.raises(SnapevalError, match="task.truncation"):
+        fit_to_window(smollm.tokenizer, [{"role": "user", "content": DOCUMENT}], 300, "error")
+
+
+def test_query_agnostic_split_falls_where_the_query_starts(smollm):
+    tokenizer = smollm.tokenizer
+    messages = [{"role": "user", "content": f"{DOCUMENT}\n\nWhat is the correct answer to this question: x?"}]
+    ids, split = encode_with_split(tokenizer, messages, "What is the correct answer")
+    assert tokenizer.decode(ids[split:]).startswith("What is the correct answer to this question: x?")
+    assert tokenizer.decode(ids[:split]).rstrip().endswith("number 199 of the document.")
+    assert encode_with_split(tokenizer, messages, None) == (encode_chat(tokenizer, messages), None)
