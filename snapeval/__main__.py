@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from snapeval.errors import SnapevalError
@@ -26,7 +28,14 @@ def main(cfg: DictConfig) -> None:
         summary = run(config)
     except SnapevalError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            return  # the point is recorded as failed; the sweep goes on
         sys.exit(2)
+    except Exception as exc:
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            raise
+        print(f"error: this point failed ({type(exc).__name__}: {exc}); the sweep goes on", file=sys.stderr)
+        return
     print(format_summary(config, summary))
 
 

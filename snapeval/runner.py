@@ -77,10 +77,15 @@ def _peak_memory_bytes(device: torch.device) -> int:
 
 def run(cfg: Mapping[str, Any]) -> RunSummary:
     """Evaluate the configured model, cache and task; store every sample; return the summary."""
-    check_config(cfg)
-    config = stored_config(cfg)  # builds one cache: bad cache parameters fail here, before loading
-    digest = config_hash(config)
     with ResultsDB(cfg["db"]["url"]) as db:
+        try:
+            check_config(cfg)
+            config = stored_config(cfg)  # builds one cache: bad cache parameters fail here, before loading
+        except SnapevalError as exc:  # recorded, so that a sweep's summary shows the failed point
+            raw = {key: value for key, value in cfg.items() if key not in ("db", "hydra", "memory", "job")}
+            db.finish_run(db.start_run(raw, config_hash(raw)), "failed", str(exc))
+            raise
+        digest = config_hash(config)
         spec = ModelSpec.from_config(cfg["model"])
         tokenizer = load_tokenizer(spec)
         task = load_task(cfg["task"], cfg["seed"])
@@ -90,7 +95,8 @@ def run(cfg: Mapping[str, Any]) -> RunSummary:
         run_id = db.start_run(config, digest)
         try:
             if todo:
-                _evaluate(cfg, spec, task, todo, db, run_id, digest)
+                reference = _full_cache_outputs(db, config)
+                _evaluate(cfg, spec, task, todo, db, run_id, digest, reference)
         except KeyboardInterrupt:
             db.finish_run(run_id, "interrupted")
             raise
@@ -103,7 +109,24 @@ def run(cfg: Mapping[str, Any]) -> RunSummary:
     return _summarize(run_id, digest, rows, computed=len(todo))
 
 
-def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, digest: str) -> None:
+def _full_cache_outputs(db: ResultsDB, config: Mapping[str, Any]) -> dict[str, str]:
+    """Outputs of the full-cache run of the same model/task/samples, when stored (else empty)."""
+    if config["cache"]["method"] == "full":
+        return {}
+    full = {**config, "cache": build_cache({"method": "full"}).params()}
+    return {row["sample_id"]: row["output"] for row in db.samples_for(config_hash(full))}
+
+
+def fidelity(tokenizer, output: str, reference: str) -> dict[str, Any]:
+    """Agreement of an output with the full cache's: exact match and the common token prefix."""
+    ours = tokenizer(output, add_special_tokens=False)["input_ids"]
+    theirs = tokenizer(reference, add_special_tokens=False)["input_ids"]
+    pairs = zip(ours, theirs, strict=False)
+    common = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(ours), len(theirs)))
+    return {"exact": output == reference, "common_prefix_tokens": common, "reference_tokens": len(theirs)}
+
+
+def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, digest: str, reference) -> None:
     model = install(load_model(spec))
     tokenizer = load_tokenizer(spec)
     generation_cfg = cfg["generation"]
@@ -126,6 +149,9 @@ def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, dige
         result = generate(model, prompt_ids, cache, max_new_tokens, stop_ids, sampling, compress_at)
         output = tokenizer.decode(result.tokens, skip_special_tokens=True)
         metrics = task.score(prompt, output)
+        extra = {**prompt.metadata, "compressed_prompt_tokens": compress_at or len(prompt_ids)}
+        if prompt.id in reference:
+            extra["fidelity"] = fidelity(tokenizer, output, reference[prompt.id])
         db.add_sample(
             run_id,
             digest,
@@ -141,7 +167,7 @@ def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, dige
                 "generated_tokens": len(result.tokens),
                 "peak_memory_bytes": _peak_memory_bytes(model.device),
                 "kv_bytes": cache.kv_bytes(),
-                "extra": {**prompt.metadata, "compressed_prompt_tokens": compress_at or len(prompt_ids)},
+                "extra": extra,
             },
         )
 

@@ -307,6 +307,12 @@ class ResultsDB:
         with self.engine.connect() as conn:
             return set(conn.execute(query).scalars())
 
+    def runs_since(self, since: datetime) -> list[dict[str, Any]]:
+        """Runs created at or after ``since`` (UTC), oldest first: the points of a sweep."""
+        query = select(runs).where(runs.c.created_at >= since.replace(tzinfo=None)).order_by(runs.c.id)
+        with self.engine.connect() as conn:
+            return [dict(row) for row in conn.execute(query).mappings()]
+
     def samples_for(self, config_hash: str) -> list[dict[str, Any]]:
         """The stored samples of this config, in the order they were stored."""
         query = select(samples).where(samples.c.config_hash == config_hash).order_by(samples.c.id)

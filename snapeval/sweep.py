@@ -1,0 +1,68 @@
+"""Hydra callback for sweeps: a line per point as it starts, and one summary table at the end.
+
+The summary reads the results database only: one row per point of this multirun (accuracy, 95% CI, n,
+KV MiB, seconds per sample, status), failed points included with their error.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import pandas as pd
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+from tabulate import tabulate
+
+from snapeval.results import ResultsDB
+from snapeval.stats import mean_ci
+
+
+class SweepSummary(Callback):
+    """Prints progress through a multirun and, at its end, the table of every point."""
+
+    def __init__(self) -> None:
+        self.started = datetime.now(timezone.utc)
+        self.points = 0
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.started = datetime.now(timezone.utc)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.points += 1
+        overrides = " ".join(config.hydra.overrides.task)
+        print(f"[sweep] point {self.points}: {overrides}", flush=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        with ResultsDB(config.db.url) as db:
+            table = sweep_table(db, self.started)
+        if table.empty:
+            return
+        failed = int((table["status"] == "failed").sum())
+        print(tabulate(table, headers="keys", tablefmt="github", showindex=False, floatfmt=".3f"))
+        print(f"[sweep] {len(table)} points, {failed} failed" + (" (errors above)" if failed else ""))
+
+
+def sweep_table(db: ResultsDB, since: datetime) -> pd.DataFrame:
+    """One row per run started since ``since``: its setting, accuracy with CI, memory, speed, status."""
+    runs = db.runs_since(since)
+    rows = []
+    for run in runs:
+        cache = run["config"]["cache"]
+        samples = db.samples_for(run["config_hash"])
+        scores = [s["score"] for s in samples]
+        accuracy, low, high = mean_ci(scores) if scores else (float("nan"),) * 3
+        rows.append(
+            {
+                "task": run["config"]["task"]["name"],
+                "cache": ", ".join(f"{k}={v}" for k, v in cache.items() if v is not None),
+                "accuracy": accuracy,
+                "95% CI": f"[{low:.3f}, {high:.3f}]",
+                "n": len(scores),
+                "KV MiB": sum(s["kv_bytes"] for s in samples) / max(len(samples), 1) / 2**20,
+                "s/sample": sum(s["prefill_s"] + s["decode_s"] for s in samples) / max(len(samples), 1),
+                "status": run["status"],
+                "error": (run["error"] or "")[:80],
+            }
+        )
+    return pd.DataFrame(rows)

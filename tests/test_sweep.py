@@ -1,0 +1,60 @@
+"""Sweeps: every point recorded, a failing point recorded as failed while the sweep goes on, fidelity."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import pytest
+
+from snapeval import runner
+from snapeval.errors import SnapevalError
+from snapeval.results import ResultsDB, load
+from snapeval.sweep import sweep_table
+
+from .conftest import compose_config
+
+
+def test_failing_point_is_recorded_with_its_error(tmp_path):
+    since = datetime.now(timezone.utc)
+    cfg = compose_config(f"db.url={tmp_path / 'db.sqlite'}", "cache=snapstream", "cache.budget=50")
+    with pytest.raises(SnapevalError):
+        runner.run(cfg)
+    with ResultsDB(tmp_path / "db.sqlite") as db:
+        table = sweep_table(db, since)
+    assert list(table["status"]) == ["failed"]
+    assert "cache.budget" in table["error"].iloc[0]
+
+
+def test_fidelity_counts_the_common_token_prefix(smollm):
+    same = runner.fidelity(smollm.tokenizer, "The number is 1234567.", "The number is 1234567.")
+    assert same == {"exact": True, "common_prefix_tokens": 12, "reference_tokens": 12}  # digits: 1 token each
+    differ = runner.fidelity(smollm.tokenizer, "The number is 7.", "The number is 1234567.")
+    assert not differ["exact"] and differ["common_prefix_tokens"] == 4
+
+
+def test_multirun_goes_on_past_a_failing_point_and_summarizes(tmp_path):
+    db = tmp_path / "db.sqlite"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snapeval",
+            "+exp=smoke",
+            "cache.budget=50",
+            "task.limit=1",
+            "task.context_length=256",
+            "progress=false",
+            f"db.url={db}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "[sweep] 2 points, 1 failed" in result.stdout
+    assert "error: cache.budget" in result.stderr
+    frame = load(db)
+    assert set(frame["method"]) == {"full"} and len(frame) == 1
