@@ -1,11 +1,13 @@
 import math
 
+import numpy as np
 import pytest
 from scipy import stats
 
-from snapeval.stats import mean_ci
+from snapeval.stats import mean_ci, paired_bootstrap_lower_bound
 
 Z95 = 1.959963984540054
+Z95_ONE_SIDED = 1.6448536269514722
 
 
 def test_binary_scores_get_the_wilson_interval():
@@ -47,3 +49,36 @@ def test_undefined_bounds_are_nan(scores, expected_mean):
 def test_scores_outside_unit_range_are_rejected(bad):
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         mean_ci([0.5, bad])
+
+
+def test_paired_bootstrap_bound_of_a_constant_difference_is_that_difference():
+    assert paired_bootstrap_lower_bound([1.0] * 8, [1.0] * 8, ratio=0.8) == pytest.approx(0.2)
+
+
+def test_paired_bootstrap_bound_is_exact_at_a_tie():
+    # 18 of 20 kept at ratio 0.8: the 5% quantile of the mean is 0.2 - 4/20 = 0, not float noise below it
+    assert paired_bootstrap_lower_bound([1.0] * 18 + [0.0] * 2, [1.0] * 20, ratio=0.8) == 0.0
+
+
+def test_paired_bootstrap_bound_on_a_known_pairing():
+    # differences 0, 0, 0, 0, -1: a resample's mean is -k/5 with k ~ Binomial(5, 0.2) failures, and
+    # P(k <= 2) = 0.942 < 0.95 <= P(k <= 3) = 0.993, so the 5% quantile of the mean is -3/5.
+    assert paired_bootstrap_lower_bound([1, 1, 1, 1, 0], [1, 1, 1, 1, 1]) == pytest.approx(-0.6)
+
+
+def test_paired_bootstrap_bound_matches_the_normal_bound_at_large_n():
+    # 1000 pairs: 100 only right under the reference, 25 only under the scores, the rest agree.
+    scores = [0.0] * 100 + [1.0] * 25 + [1.0] * 875
+    reference = [1.0] * 100 + [0.0] * 25 + [1.0] * 875
+    differences = np.subtract(scores, reference)
+    normal = differences.mean() - Z95_ONE_SIDED * differences.std() / math.sqrt(differences.size)
+    bound = paired_bootstrap_lower_bound(scores, reference)
+    assert bound == pytest.approx(normal, abs=0.003)
+    assert bound == paired_bootstrap_lower_bound(scores, reference)  # seeded
+    assert paired_bootstrap_lower_bound(scores, reference, confidence=0.8) > bound
+
+
+@pytest.mark.parametrize(("scores", "reference"), [([], []), ([1.0, 0.0], [1.0])])
+def test_paired_bootstrap_needs_one_pair_per_sample(scores, reference):
+    with pytest.raises(ValueError, match="one reference score per score"):
+        paired_bootstrap_lower_bound(scores, reference)

@@ -1,0 +1,193 @@
+"""Accuracy gates: ``python -m snapeval.gate --spec conf/gates/ci.yaml [--db URL] [--no-run]``.
+
+A gate compares a compressed cache with the full cache on the same samples of a task. It passes when, over
+at least ``min_n`` paired samples, the one-sided 95% lower bound of a paired bootstrap on
+``acc_compressed - min_retained * acc_full`` is >= 0: the compressed cache keeps ``min_retained`` of the
+full accuracy with 95% confidence. The spec is a YAML list of gates::
+
+    - name: passkey-snapstream
+      task: [task=ruler_passkey, task.context_length=512, task.limit=20]   # Hydra overrides
+      cache: [cache=snapstream, cache.budget=256]
+      min_retained: 0.8
+      min_n: 20
+
+Both settings are first run through :func:`snapeval.runner.run`, which computes only the samples the
+database lacks (skipped with ``--no-run``); verdicts are then judged from the database alone, on every
+paired sample stored for the two configs. Exit status: 0 when every gate passes, 1 when one fails, 2 on a
+bad spec, config or database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from snapeval.config import compose_config
+from snapeval.errors import SnapevalError
+from snapeval.results import DB_ENV_VAR, DEFAULT_DB, ResultsDB, config_hash, database_url
+from snapeval.runner import run, stored_config
+from snapeval.stats import paired_bootstrap_lower_bound
+
+CONFIDENCE = 0.95
+RESAMPLES = 10_000
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One accuracy requirement: a compressed cache against the full cache on one task setting."""
+
+    name: str
+    task: tuple[str, ...]
+    cache: tuple[str, ...]
+    min_retained: float
+    min_n: int
+
+    @classmethod
+    def from_spec(cls, spec: object, where: str) -> Gate:
+        """The gate described by one entry of a spec file; ``where`` locates it in error messages."""
+        fields = ("name", "task", "cache", "min_retained", "min_n")
+        if not isinstance(spec, Mapping) or set(spec) != set(fields):
+            raise SnapevalError(f"must be a mapping with exactly the keys {', '.join(fields)}", where)
+        name, task, cache, min_retained, min_n = (spec[field] for field in fields)
+        if not isinstance(name, str) or not name:
+            raise SnapevalError(f"must be a non-empty string, got {name!r}", f"{where}.name")
+        for key, overrides in (("task", task), ("cache", cache)):
+            if not isinstance(overrides, list) or not all(isinstance(item, str) for item in overrides):
+                raise SnapevalError(f"must be a list of Hydra overrides, got {overrides!r}", f"{where}.{key}")
+        if isinstance(min_retained, bool) or not isinstance(min_retained, int | float) or min_retained < 0:
+            raise SnapevalError(f"must be a number >= 0, got {min_retained!r}", f"{where}.min_retained")
+        if isinstance(min_n, bool) or not isinstance(min_n, int) or min_n < 1:
+            raise SnapevalError(f"must be a positive integer, got {min_n!r}", f"{where}.min_n")
+        return cls(name, tuple(task), tuple(cache), float(min_retained), min_n)
+
+    def configs(self, db_url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The full-cache and the compressed run configs, storing their samples at ``db_url``."""
+        configs = compose_config(*self.task, "cache=full"), compose_config(*self.task, *self.cache)
+        for config in configs:
+            config["db"]["url"] = db_url
+            config["progress"] = False
+        return configs
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A gate judged on ``n`` paired samples: both accuracies and the bootstrap lower bound."""
+
+    gate: Gate
+    n: int
+    full_accuracy: float
+    compressed_accuracy: float
+    lower_bound: float
+
+    @property
+    def passed(self) -> bool:
+        return self.n >= self.gate.min_n and self.lower_bound >= 0
+
+    @property
+    def retained(self) -> float:
+        """Compressed over full accuracy (NaN when the full cache scores 0)."""
+        return self.compressed_accuracy / self.full_accuracy if self.full_accuracy else math.nan
+
+    def report(self) -> str:
+        """A few readable lines: the verdict, the accuracies, the bound and the sample count."""
+        gate = self.gate
+        head = f"{'PASS' if self.passed else 'FAIL'} {gate.name}"
+        if not self.n:
+            return f"{head}: no sample is stored for both the full and the compressed cache"
+        return "\n".join(
+            [
+                f"{head}: retained {self.retained:.3f} of the full accuracy (required {gate.min_retained:g})",
+                f"    accuracy: full {self.full_accuracy:.3f}, compressed {self.compressed_accuracy:.3f} "
+                f"({' '.join(gate.cache)})",
+                f"    {CONFIDENCE:.0%} lower bound of compressed - {gate.min_retained:g} x full: "
+                f"{self.lower_bound:+.3f} (required >= 0)",
+                f"    paired samples: {self.n} (required >= {gate.min_n})",
+            ]
+        )
+
+
+def load_gates(path: str | Path) -> list[Gate]:
+    """The gates of a YAML spec file (a list of :class:`Gate` entries)."""
+    try:
+        spec = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise SnapevalError(f"cannot read the gate spec: {exc.strerror}", str(path)) from exc
+    except yaml.YAMLError as exc:
+        raise SnapevalError(f"not valid YAML: {' '.join(str(exc).split())}", str(path)) from exc
+    if not isinstance(spec, list) or not spec:
+        raise SnapevalError("must be a non-empty list of gates", str(path))
+    return [Gate.from_spec(entry, f"{path}[{index}]") for index, entry in enumerate(spec)]
+
+
+def run_gate(gate: Gate, db_url: str) -> None:
+    """Run what the database lacks of the gate's full-cache and compressed settings."""
+    for config in gate.configs(db_url):
+        start = time.perf_counter()
+        summary = run(config)
+        print(
+            f"{gate.name}: {config['cache']['method']}: {summary.n} samples, {summary.computed} computed "
+            f"in {time.perf_counter() - start:.0f} s",
+            flush=True,
+        )
+
+
+def judge(gate: Gate, db: ResultsDB) -> Verdict:
+    """The gate's verdict on the samples stored under both of its configs."""
+    full, compressed = (_scores(db, config) for config in gate.configs(db.url))
+    paired = sorted(full.keys() & compressed.keys())
+    if not paired:
+        return Verdict(gate, 0, math.nan, math.nan, math.nan)
+    full_scores = np.array([full[sample_id] for sample_id in paired])
+    compressed_scores = np.array([compressed[sample_id] for sample_id in paired])
+    bound = paired_bootstrap_lower_bound(
+        compressed_scores, full_scores, gate.min_retained, CONFIDENCE, RESAMPLES, SEED
+    )
+    return Verdict(gate, len(paired), full_scores.mean(), compressed_scores.mean(), bound)
+
+
+def _scores(db: ResultsDB, config: Mapping[str, Any]) -> dict[str, float]:
+    """Score per sample id of the samples stored for ``config`` (as the runner stores it)."""
+    rows = db.samples_for(config_hash(stored_config(config)))
+    return {row["sample_id"]: row["score"] for row in rows if row["score"] is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m snapeval.gate", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--spec", required=True, type=Path, help="YAML list of gates, e.g. conf/gates/ci.yaml"
+    )
+    parser.add_argument(
+        "--db", help=f"database path or SQLAlchemy URL (default: ${DB_ENV_VAR}, else {DEFAULT_DB})"
+    )
+    parser.add_argument("--no-run", action="store_true", help="judge the stored samples only; run nothing")
+    args = parser.parse_args(argv)
+    try:
+        gates = load_gates(args.spec)
+        db_url = database_url(args.db)
+        if not args.no_run:
+            for gate in gates:
+                run_gate(gate, db_url)
+        with ResultsDB(db_url, must_exist=True) as db:
+            verdicts = [judge(gate, db) for gate in gates]
+    except SnapevalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for verdict in verdicts:
+        print(verdict.report())
+    failed = sum(not verdict.passed for verdict in verdicts)
+    print(f"{len(verdicts) - failed} of {len(verdicts)} gates passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Paper figures from a small hand-made results database: no model is loaded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from snapeval.figures import (
+    FIGURES,
+    NothingToDraw,
+    accuracy_vs_budget,
+    accuracy_vs_memory,
+    kept_positions,
+    main,
+    pareto_front,
+    window_kernel_heatmap,
+)
+from snapeval.results import ResultsDB, config_hash
+
+N = 16
+BYTES_PER_SLOT = 30 * 3 * 2 * 64 * 4  # layers x KV heads x (K, V) x head dim x fp32
+
+
+def store(
+    db: ResultsDB,
+    task: str,
+    cache: dict,
+    accuracy: float,
+    rng: np.random.Generator,
+    kept: list[float] | None = None,
+) -> None:
+    """N samples of one setting, each right with probability ``accuracy``, with a kept histogram if given."""
+    config = {
+        "model": {"name": "smollm2-135m"},
+        "task": {"name": task, "context_length": 512},
+        "cache": cache,
+    }
+    digest = config_hash(config)
+    run_id = db.start_run(config, digest)
+    slots = cache.get("budget", 512)
+    for index in range(N):
+        extra = {"kept_histogram": {"bins": np.linspace(0, 1, 11).tolist(), "counts": kept}} if kept else {}
+        row = {"sample_id": f"{task}-{index}", "score": float(rng.random() < accuracy), "extra": extra}
+        db.add_sample(run_id, digest, {**row, "kv_bytes": slots * BYTES_PER_SLOT, "decode_s": 0.1})
+    db.finish_run(run_id)
+
+
+def snapkv(budget: int, window: int = 32, kernel: int = 7) -> dict:
+    return {"method": "snapkv", "budget": budget, "window": window, "kernel": kernel, "pooling": "max"}
+
+
+def snapstream(budget: int) -> dict:
+    return {**snapkv(budget), "method": "snapstream", "sinks": 4, "ring": 64}
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory):
+    """Two tasks: full cache, SnapKV and SnapStream at three budgets, a SnapKV window x kernel grid."""
+    rng = np.random.default_rng(0)
+    kept = [1.0, 0.4, 0.2, 0.2, 0.3, 0.2, 0.2, 0.3, 0.5, 1.0]
+    with ResultsDB(tmp_path_factory.mktemp("db") / "results.sqlite") as db:
+        for task in ("ruler_passkey", "ruler_niah_single"):
+            store(db, task, {"method": "full"}, 0.95, rng)
+            for budget in (128, 256, 384):
+                store(db, task, snapkv(budget), budget / 420, rng)
+                store(db, task, snapstream(budget), budget / 400, rng, kept=kept)
+            for window in (8, 16, 32):
+                for kernel in (5, 7) if window != 32 else (5,):  # (32, 7) is in the budget sweep
+                    store(db, task, snapkv(256, window, kernel), 0.3 + window / 64 - kernel / 50, rng)
+        return db.dataframe()
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_each_figure_is_written_as_pdf_and_png(name, samples, tmp_path):
+    pdf, png = FIGURES[name](samples, tmp_path / "figures")
+    assert (pdf.name, png.name) == (f"{name}.pdf", f"{name}.png")
+    assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 5_000
+    assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 10_000
+
+
+def test_figures_without_their_data_say_what_is_missing(samples, tmp_path):
+    budget_sweep = samples[samples["cache.window"].isna() | (samples["cache.kernel"] == 7)]
+    with pytest.raises(NothingToDraw, match="two or more windows"):
+        window_kernel_heatmap(budget_sweep, tmp_path)
+    with pytest.raises(NothingToDraw, match="kept_histogram"):
+        kept_positions(samples[samples["cache.method"] != "snapstream"], tmp_path)
+    with pytest.raises(NothingToDraw, match="budget"):
+        accuracy_vs_budget(samples[samples["cache.method"] == "full"], tmp_path)
+    with pytest.raises(NothingToDraw, match="no samples"):
+        accuracy_vs_memory(samples.iloc[:0], tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_pareto_front_keeps_the_points_nothing_beats():
+    memory = [1.0, 2.0, 2.0, 3.0, 4.0, 5.0]
+    accuracy = [0.5, 0.7, 0.6, 0.7, 0.9, 0.8]
+    assert pareto_front(memory, accuracy).tolist() == [True, True, False, False, True, False]
+
+
+def test_cli_writes_every_figure_it_has_data_for(tmp_path, capsys):
+    with ResultsDB(tmp_path / "results.sqlite") as db:
+        rng = np.random.default_rng(1)
+        store(db, "ruler_passkey", {"method": "full"}, 0.9, rng)
+        store(db, "ruler_passkey", snapkv(128), 0.6, rng)
+        store(db, "ruler_passkey", snapkv(256), 0.8, rng)
+    assert main(["--db", str(tmp_path / "results.sqlite"), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote accuracy_vs_budget" in printed and "wrote accuracy_vs_memory" in printed
+    assert "skipped window_kernel_heatmap: no setting was run at two or more windows" in printed
+    assert "skipped kept_positions: no sample records" in printed
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
+        f"{name}.{extension}"
+        for name in ("accuracy_vs_budget", "accuracy_vs_memory")
+        for extension in ("pdf", "png")
+    ]
+
+
+def test_cli_without_a_database_fails_in_one_line(tmp_path, capsys):
+    assert main(["--db", str(tmp_path / "missing.sqlite"), "--out", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: no results database at") and captured.err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

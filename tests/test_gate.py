@@ -1,0 +1,133 @@
+"""Accuracy gates judged on hand-made databases (--no-run: no model is loaded), and the shipped gate."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from snapeval.gate import Gate, judge, load_gates, main
+from snapeval.results import ResultsDB, config_hash, database_url
+from snapeval.runner import stored_config
+
+SHIPPED_SPEC = Path(__file__).resolve().parent.parent / "conf" / "gates" / "ci.yaml"
+TASK = ["task=ruler_passkey", "task.context_length=512", "task.limit=20"]
+CACHE = ["cache=snapstream", "cache.budget=256"]
+
+
+def gate_spec(name: str = "passkey", min_retained: float = 0.8, min_n: int = 20) -> dict:
+    return {"name": name, "task": TASK, "cache": CACHE, "min_retained": min_retained, "min_n": min_n}
+
+
+def write_spec(path: Path, *gates: dict) -> Path:
+    path.write_text(yaml.safe_dump(list(gates)))
+    return path
+
+
+def store(db_url: str, config: dict, scores: list[float]) -> None:
+    """Store ``scores`` as samples 0, 1, ... of ``config``, under the hash the runner would use."""
+    stored = stored_config(config)
+    digest = config_hash(stored)
+    with ResultsDB(db_url) as db:
+        run_id = db.start_run(stored, digest)
+        for index, score in enumerate(scores):
+            db.add_sample(run_id, digest, {"sample_id": f"passkey-{index}", "score": score})
+        db.finish_run(run_id)
+
+
+@pytest.fixture
+def db(tmp_path) -> str:
+    """Full cache right on 20 samples, SnapStream on 18 of them; 5 more full-cache samples, unpaired."""
+    url = database_url(tmp_path / "gate.sqlite")
+    full, compressed = Gate.from_spec(gate_spec(), "test").configs(url)
+    store(url, full, [1.0] * 25)
+    store(url, compressed, [1.0] * 18 + [0.0] * 2)
+    return url
+
+
+def test_a_gate_is_judged_on_paired_samples_only(db):
+    with ResultsDB(db) as results:
+        verdict = judge(Gate.from_spec(gate_spec(min_retained=0.5), "test"), results)
+    assert (verdict.n, verdict.full_accuracy, verdict.compressed_accuracy) == (20, 1.0, 0.9)
+    assert verdict.retained == pytest.approx(0.9)
+    assert 0 < verdict.lower_bound < 0.9 - 0.5 and verdict.passed
+
+
+@pytest.mark.parametrize(
+    ("gate", "passed"),
+    [
+        (gate_spec(min_retained=0.0), True),
+        (gate_spec(min_retained=1.5), False),
+        (gate_spec(min_retained=0.0, min_n=21), False),  # not enough paired samples
+        (gate_spec(min_retained=0.8), True),  # the bound is exactly 0
+        (gate_spec(min_retained=0.85), False),  # 0.9 retained, but not above 0.85 with 95% confidence
+    ],
+)
+def test_gate_verdicts(gate, passed, db):
+    with ResultsDB(db) as results:
+        assert judge(Gate.from_spec(gate, "test"), results).passed is passed
+
+
+def test_cli_exits_non_zero_on_any_failed_gate(db, tmp_path, capsys):
+    loose = write_spec(tmp_path / "loose.yaml", gate_spec("loose", min_retained=0.0))
+    both = write_spec(tmp_path / "both.yaml", gate_spec("loose", 0.0), gate_spec("impossible", 1.5))
+    assert main(["--spec", str(loose), "--db", db, "--no-run"]) == 0
+    assert "PASS loose: retained 0.900 of the full accuracy" in capsys.readouterr().out
+    assert main(["--spec", str(both), "--db", db, "--no-run"]) == 1
+    printed = capsys.readouterr().out
+    assert "PASS loose" in printed and "FAIL impossible" in printed
+    assert "95% lower bound of compressed - 1.5 x full: -0.700 (required >= 0)" in printed
+    assert printed.rstrip().endswith("1 of 2 gates passed")
+
+
+def test_cli_fails_a_gate_without_stored_samples(tmp_path, capsys):
+    spec = write_spec(tmp_path / "spec.yaml", gate_spec())
+    ResultsDB(tmp_path / "empty.sqlite").close()
+    assert main(["--spec", str(spec), "--db", str(tmp_path / "empty.sqlite"), "--no-run"]) == 1
+    assert "FAIL passkey: no sample is stored for both" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"gates": []}, "must be a non-empty list of gates"),
+        ("- name: [unclosed", "not valid YAML: while parsing a flow sequence"),
+        ([{**gate_spec(), "extra": 1}], "[0]: must be a mapping with exactly the keys"),
+        ([gate_spec(min_retained=-0.1)], "[0].min_retained: must be a number >= 0"),
+        ([gate_spec(min_n=0)], "[0].min_n: must be a positive integer"),
+        ([{**gate_spec(), "cache": "cache=snapkv"}], "[0].cache: must be a list of Hydra overrides"),
+        ([{**gate_spec(), "task": ["task=nonexistent"]}], "cannot compose task=nonexistent"),
+    ],
+)
+def test_cli_rejects_a_bad_spec_in_one_line(spec, message, tmp_path, capsys):
+    path = tmp_path / "spec.yaml"
+    path.write_text(spec if isinstance(spec, str) else yaml.safe_dump(spec))
+    ResultsDB(tmp_path / "db.sqlite").close()
+    assert main(["--spec", str(path), "--db", str(tmp_path / "db.sqlite"), "--no-run"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and message in error and error.count("\n") == 1
+
+
+def test_module_without_a_database_fails_in_one_line(tmp_path):
+    spec = write_spec(tmp_path / "spec.yaml", gate_spec())
+    args = ["--spec", str(spec), "--db", str(tmp_path / "missing.sqlite"), "--no-run"]
+    result = subprocess.run(
+        [sys.executable, "-m", "snapeval.gate", *args], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: no results database at") and result.stderr.count("\n") == 1
+
+
+def test_shipped_spec_composes():
+    for gate in load_gates(SHIPPED_SPEC):
+        full, compressed = gate.configs("sqlite://")
+        assert full["cache"]["method"] == "full" and compressed["cache"]["method"] != "full"
+        assert full["task"] == compressed["task"]
+
+
+@pytest.mark.slow
+def test_shipped_gate_passes_on_the_embedded_model(tmp_path):
+    assert main(["--spec", str(SHIPPED_SPEC), "--db", str(tmp_path / "gate.sqlite")]) == 0
