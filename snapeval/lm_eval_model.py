@@ -28,7 +28,17 @@ from snapeval.errors import SnapevalError
 from snapeval.generation import Sampling, continuation_logprob, generate
 from snapeval.models import load_model, load_tokenizer, model_spec
 
-CACHE_PARAMETERS = ("budget", "ratio", "window", "kernel", "pooling", "sinks", "ring", "gqa_reduce")
+CACHE_PARAMETERS = (
+    "budget",
+    "ratio",
+    "window",
+    "kernel",
+    "pooling",
+    "sinks",
+    "ring",
+    "gqa_reduce",
+    "rerotate",
+)
 COMPRESSIONS = ("query_aware", "query_agnostic")
 
 

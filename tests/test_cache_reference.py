@@ -4,6 +4,8 @@
 * Decode logits of every compressing cache == the uncompressed model run with an eager attention whose
   per-layer, per-KV-head mask hides exactly what the definition says is evicted (sinks + recent for
   StreamingLLM; the reference selection + all/last-ring generated tokens for SnapKV/SnapStream).
+* StreamingLLM with ``rerotate`` == the same masked model where each row scores the sink keys rotated
+  forward by its gap, so that every distance is the one between positions inside the cache.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from snapeval.cache.attention import ATTENTION_NAME
 from snapeval.models import encode_chat
 
 TOLERANCE = 1e-4
+ROTATED_TOLERANCE = 2e-4  # float32 round-off of the re-rotated sink scores: ~1e-4 measured, 6e-14 in float64
 
 
 def reference_keep(q, k, window, kernel, pooling, gqa_reduce, keep, sinks=0):
@@ -126,14 +129,40 @@ def capture_prefill(model, prompt_ids):
     return captured
 
 
-def masked_logits(model, sequence, masks):
-    """Logits of the uncompressed model over ``sequence`` with per-layer (kv_heads, T, T) boolean masks."""
+def rerotated_sink_scores(query, key, mask, sinks, inv_freq):
+    """(1, heads, T, sinks) scores of every row against the sink keys rotated forward by the row's gap.
+
+    A row's gap is its column minus its rank among the tokens it sees: the number of tokens evicted before
+    it. transformers' RoPE: x cos + rotate_half(x) sin, each frequency used by dimensions i and i + d/2.
+    """
+    gaps = torch.arange(1, mask.shape[-1] + 1) - mask.sum(dim=-1)  # (1, heads, T)
+    angles = gaps[..., None] * inv_freq  # (1, heads, T, d/2)
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[..., None, :]  # (1, heads, T, 1, d)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[..., None, :]
+    keys = key[:, :, None, :sinks]  # (1, heads, 1, sinks, d)
+    half = keys.shape[-1] // 2
+    rotate_half = torch.cat([-keys[..., half:], keys[..., :half]], dim=-1)
+    rotated = keys * cos + rotate_half * sin  # (1, heads, T, sinks, d)
+    return torch.einsum("bhtd,bhtsd->bhts", query, rotated)
+
+
+def masked_logits(model, sequence, masks, rotated_sinks=0):
+    """Logits of the uncompressed model over ``sequence`` with per-layer (kv_heads, T, T) boolean masks.
+
+    With ``rotated_sinks``, every row scores the first ``rotated_sinks`` keys as
+    :func:`rerotated_sink_scores` does (the original StreamingLLM's positions inside its cache).
+    """
+    head_dim = model.config.head_dim
+    inv_freq = 1.0 / model.config.rope_parameters["rope_theta"] ** (torch.arange(0, head_dim, 2) / head_dim)
 
     def masked(module, query, key, value, attention_mask, scaling=None, **kwargs):
         group = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
         mask = masks[module.layer_idx].repeat_interleave(group, 0)[None]
-        logits = (query @ key.transpose(-1, -2)) * (scaling or module.scaling)
+        logits = query @ key.transpose(-1, -2)
+        if rotated_sinks:
+            logits[..., :rotated_sinks] = rerotated_sink_scores(query, key, mask, rotated_sinks, inv_freq)
+        logits = logits * (scaling or module.scaling)
         weights = logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         return (weights @ value).transpose(1, 2).contiguous(), None
 
@@ -170,7 +199,9 @@ def definition_masks(length, total, kv_heads, layers, prompt_visible, decode_vis
     return masks
 
 
-def assert_matches_definition(smollm, prompt_ids, cache, prompt_visible, decode_visible):
+def assert_matches_definition(
+    smollm, prompt_ids, cache, prompt_visible, decode_visible, rotated_sinks=0, tolerance=TOLERANCE
+):
     model = smollm.model
     tokens, logits = run_cache(model, prompt_ids, cache)
     sequence = prompt_ids + tokens
@@ -179,8 +210,8 @@ def assert_matches_definition(smollm, prompt_ids, cache, prompt_visible, decode_
     masks = definition_masks(
         length, total, config.num_key_value_heads, config.num_hidden_layers, prompt_visible, decode_visible
     )
-    reference = masked_logits(model, sequence, masks)[length:total]
-    assert (logits - reference).abs().max().item() < TOLERANCE
+    reference = masked_logits(model, sequence, masks, rotated_sinks)[length:total]
+    assert (logits - reference).abs().max().item() < tolerance
     return tokens
 
 
@@ -194,6 +225,20 @@ def test_streaming_llm_equals_full_attention_with_sinks_and_recent_mask(smollm, 
         StreamingLLMCache(budget=budget, sinks=sinks),
         prompt_visible=lambda layer, g: list(range(sinks)),
         decode_visible=lambda row: [c for c in range(row - (budget - sinks) + 1, row + 1) if c >= sinks],
+    )
+
+
+def test_streaming_llm_rerotate_equals_masked_model_with_sinks_rotated_by_the_gap(smollm, prompt_ids):
+    budget, sinks = 48, 4
+    assert len(prompt_ids) > budget  # the gap is positive from the first decode step on
+    assert_matches_definition(
+        smollm,
+        prompt_ids,
+        StreamingLLMCache(budget=budget, sinks=sinks, rerotate=True),
+        prompt_visible=lambda layer, g: list(range(sinks)),
+        decode_visible=lambda row: [c for c in range(row - (budget - sinks) + 1, row + 1) if c >= sinks],
+        rotated_sinks=sinks,
+        tolerance=ROTATED_TOLERANCE,
     )
 
 
@@ -242,9 +287,10 @@ def test_snapstream_decode_equals_masked_full_model_past_ring_wrap(smollm, promp
     [
         lambda: SnapKVCache(budget=4096),
         lambda: StreamingLLMCache(budget=4096),
+        lambda: StreamingLLMCache(budget=4096, rerotate=True),
         lambda: SnapStreamCache(budget=4096),
     ],
-    ids=["snapkv", "streaming_llm", "snapstream"],
+    ids=["snapkv", "streaming_llm", "streaming_llm_rerotate", "snapstream"],
 )
 def test_budget_holding_everything_reproduces_full_cache(smollm, prompt_ids, cache_factory):
     full_tokens, full_logits = run_cache(smollm.model, prompt_ids, DynamicCache(), steps=32)

@@ -7,7 +7,8 @@ attention function registered here as ``"snapeval"`` claims it and then
 * at prefill, runs ordinary SDPA with the model's causal/padding mask, and afterwards gives the cache the
   layer's post-RoPE queries so it can score and compress that layer at once;
 * at decode, replaces the model's mask by the cache's own: which slots are valid and causally visible.
-  A compressed cache holds tokens out of order, so only the cache knows that mask.
+  A compressed cache holds tokens out of order, so only the cache knows that mask. The cache may also
+  transform the keys attended to (:meth:`~snapeval.cache.base.SnapevalCache.attention_keys`).
 
 With any other cache (or none) it is exactly transformers' SDPA. :func:`install` switches a model to it.
 """
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from snapeval.cache.base import SnapevalCache
 
 ATTENTION_NAME = "snapeval"
+ROPE_INV_FREQ = "snapeval_rope_inv_freq"  # attribute that install() sets on every attention module
 _handed_over: tuple[SnapevalCache, int] | None = None
 
 
@@ -64,6 +66,7 @@ def snapeval_attention(
         cache.finish_prefill(layer_idx, query, _valid_columns(attention_mask, key), scaling)
         return output
     mask = cache.attention_mask(layer_idx, query.shape[2], query.shape[1])
+    key = cache.attention_keys(layer_idx, key, module)
     kwargs["is_causal"] = False
     return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
 
@@ -81,8 +84,26 @@ def _valid_columns(attention_mask: torch.Tensor | None, key: torch.Tensor) -> to
     return row.expand(batch, kv_len)
 
 
+def _rope_inv_freq(model: PreTrainedModel) -> torch.Tensor | None:
+    """The model's RoPE inverse frequencies (float32), or None where the engine cannot read them.
+
+    Unreadable: no ``rotary_emb.inv_freq`` on the decoder (e.g. per-layer-type RoPE), or frequencies that
+    change with the sequence length (dynamic NTK, LongRoPE). Partial rotary shows up at use, as too few
+    frequencies for the head dimension.
+    """
+    rotary = getattr(model.get_decoder(), "rotary_emb", None)
+    inv_freq, rope_type = getattr(rotary, "inv_freq", None), getattr(rotary, "rope_type", None)
+    if not isinstance(inv_freq, torch.Tensor) or rope_type in ("dynamic", "longrope"):
+        return None
+    return inv_freq.detach().float().clone()
+
+
 def install(model: PreTrainedModel) -> PreTrainedModel:
-    """Register the ``snapeval`` attention and switch ``model`` to it (a no-op for other caches)."""
+    """Register the ``snapeval`` attention and switch ``model`` to it (a no-op for other caches).
+
+    Every attention module also gets the model's RoPE frequencies as ``ROPE_INV_FREQ`` (or None), for
+    caches that re-rotate keys.
+    """
     if not getattr(model, "_supports_attention_backend", False):
         raise SnapevalError(
             f"{type(model).__name__} does not route attention through transformers' attention interface, "
@@ -93,6 +114,10 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
         layer_types = getattr(model.config, "layer_types", None) or []
         if any(t != "full_attention" for t in layer_types):
             raise SnapevalError("models with sliding-window attention layers are not supported yet", "model")
+    inv_freq = _rope_inv_freq(model)
+    for module in model.modules():
+        if hasattr(module, "layer_idx"):
+            setattr(module, ROPE_INV_FREQ, inv_freq)
     AttentionInterface.register(ATTENTION_NAME, snapeval_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
     model.set_attn_implementation(ATTENTION_NAME)

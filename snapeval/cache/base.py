@@ -197,6 +197,10 @@ class SnapevalCache(Cache):
     def attention_mask(self, layer_idx: int, query_length: int, num_heads: int) -> torch.Tensor | None:
         return self.layers[layer_idx].attention_mask(query_length, num_heads)
 
+    def attention_keys(self, layer_idx: int, key: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+        """The keys a decode step of ``layer_idx`` attends to: the cached ``key`` itself, by default."""
+        return key
+
     def kept_positions(self, layer_idx: int) -> torch.Tensor:
         """(batch, kv_heads, slots) input column of every slot of a layer; -1 marks an empty slot."""
         return self.layers[layer_idx].positions

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from snapeval.cache.base import Selection, SnapevalCache, resolve_budget
+from snapeval.cache.attention import ROPE_INV_FREQ
+from snapeval.cache.base import EMPTY, KVLayer, Selection, SnapevalCache, resolve_budget
 from snapeval.cache.scoring import first_valid_columns, top_columns
 from snapeval.cache.validation import check_budget, check_count
+from snapeval.errors import SnapevalError
 
 
 class StreamingLLMCache(SnapevalCache):
@@ -15,21 +17,35 @@ class StreamingLLMCache(SnapevalCache):
     A fixed-capacity cache of ``budget`` slots per layer and KV head: the sinks are pinned, every other
     slot belongs to a ring that the prompt's most recent tokens fill first and that each generated token
     then advances, overwriting the oldest non-sink token. Keys keep the RoPE rotation of their original
-    position (the variant that re-rotates keys to their position inside the cache is not implemented).
+    position, unless ``rerotate``: then, as in the original, attention sees every token at its position
+    inside the cache. The recent tokens are contiguous up to the query, so only the sinks' distances
+    change: each decode step rotates the sink keys forward by the number of evicted tokens (the cache
+    itself keeps them as they were).
 
-    Defaults: sinks 4. ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
+    Defaults: sinks 4, rerotate false. ``ratio`` instead of ``budget`` sizes the cache as
+    ``ceil(ratio * prompt length)``.
     """
 
     method = "streaming_llm"
 
-    def __init__(self, budget: int | None = None, ratio: float | None = None, sinks: int = 4) -> None:
+    def __init__(
+        self, budget: int | None = None, ratio: float | None = None, sinks: int = 4, rerotate: bool = False
+    ) -> None:
         check_count(sinks, "cache.sinks", 0)
         check_budget(budget, ratio, sinks, "cache.sinks")
+        if not isinstance(rerotate, bool):
+            raise SnapevalError(f"must be true or false, got {rerotate!r}", "cache.rerotate")
         super().__init__()
-        self.budget, self.ratio, self.sinks = budget, ratio, sinks
+        self.budget, self.ratio, self.sinks, self.rerotate = budget, ratio, sinks, rerotate
 
     def params(self) -> dict:
-        return {"method": self.method, "budget": self.budget, "ratio": self.ratio, "sinks": self.sinks}
+        return {
+            "method": self.method,
+            "budget": self.budget,
+            "ratio": self.ratio,
+            "sinks": self.sinks,
+            "rerotate": self.rerotate,
+        }
 
     def select(
         self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
@@ -48,3 +64,41 @@ class StreamingLLMCache(SnapevalCache):
             ring=ring.expand(batch, kv_heads, -1),
             capacity=capacity,
         )
+
+    def attention_keys(self, layer_idx: int, key: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+        layer = self.layers[layer_idx]
+        if not self.rerotate or layer.ring_start == 0:
+            return key
+        inv_freq = _rope_frequencies(module, key.shape[-1])
+        sinks = _rotate(key[:, :, : layer.ring_start], _evicted(layer), inv_freq)
+        return torch.cat([sinks, key[:, :, layer.ring_start :]], dim=2)
+
+
+def _evicted(layer: KVLayer) -> torch.Tensor:
+    """(batch, kv_heads) tokens evicted so far: those between the last sink and the oldest ring token."""
+    pinned, ring = layer.positions[..., : layer.ring_start], layer.positions[..., layer.ring_start :]
+    oldest = ring.masked_fill(ring == EMPTY, layer.seen).amin(dim=-1)
+    return oldest - pinned.amax(dim=-1) - 1
+
+
+def _rope_frequencies(module: torch.nn.Module, head_dim: int) -> torch.Tensor:
+    inv_freq = getattr(module, ROPE_INV_FREQ, None)
+    if inv_freq is None or 2 * inv_freq.numel() != head_dim:
+        raise SnapevalError(
+            "re-rotating keys needs a model whose rotary embedding covers the whole head with fixed "
+            "frequencies (rotary_emb.inv_freq); this model's does not",
+            "cache.rerotate",
+        )
+    return inv_freq
+
+
+def _rotate(keys: torch.Tensor, offset: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """RoPE keys (batch, kv_heads, n, d) moved ``offset`` (batch, kv_heads) positions forward.
+
+    transformers' convention: dimension i pairs with i + d/2, and both share frequency i. The keys already
+    carry the model's ``attention_scaling``; a rotation leaves it as it is.
+    """
+    angles = offset[..., None, None].float() * inv_freq.to(keys.device)
+    cos, sin = angles.cos().to(keys.dtype), angles.sin().to(keys.dtype)
+    first, second = keys.chunk(2, dim=-1)
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)

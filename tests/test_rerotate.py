@@ -1,0 +1,76 @@
+"""StreamingLLM's ``rerotate`` beyond the reference: left padding, and models it must refuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from snapeval.cache import StreamingLLMCache, install
+from snapeval.cache.attention import ROPE_INV_FREQ
+from snapeval.errors import SnapevalError
+from snapeval.models import encode_chat
+
+QUESTION = "List three facts about the Moon, then three facts about Mars, in full sentences."
+
+
+def attention_modules(model):
+    return [module for module in model.modules() if hasattr(module, "layer_idx")]
+
+
+def test_left_padded_batch_rerotates_each_row_as_if_alone(smollm):
+    tokenizer, model = smollm.tokenizer, smollm.model
+    encoded = [encode_chat(tokenizer, [{"role": "user", "content": p}]) for p in (QUESTION, "Name a colour.")]
+    width = max(map(len, encoded))
+    input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(e)) + e for e in encoded])
+    attention_mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
+    budget = 16
+    assert min(map(len, encoded)) > budget  # both rows evict, with different gaps
+
+    def generate(input_ids, attention_mask=None):
+        output = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=StreamingLLMCache(budget=budget, sinks=4, rerotate=True),
+            max_new_tokens=12,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        return torch.stack(output.logits)
+
+    batched = generate(input_ids, attention_mask)
+    for row, ids in enumerate(encoded):
+        alone = generate(torch.tensor([ids]))[:, 0]
+        assert (batched[: len(alone), row] - alone).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("readable", [False, True], ids=["no_inv_freq", "partial_rotary"])
+def test_rerotate_refuses_a_rotary_embedding_it_cannot_read(smollm, monkeypatch, readable):
+    for module in attention_modules(smollm.model):
+        monkeypatch.setattr(module, ROPE_INV_FREQ, getattr(module, ROPE_INV_FREQ)[:16] if readable else None)
+    prompt_ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTION}])
+    cache = StreamingLLMCache(budget=16, rerotate=True)
+    with pytest.raises(SnapevalError) as error, torch.inference_mode():
+        smollm.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)
+        smollm.model(input_ids=torch.tensor([[prompt_ids[-1]]]), past_key_values=cache)
+    assert error.value.field == "cache.rerotate"
+
+
+def test_install_reads_no_frequencies_that_change_with_the_sequence_length():
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    )
+    model = install(LlamaForCausalLM(config))
+    assert [getattr(module, ROPE_INV_FREQ) for module in attention_modules(model)] == [None]
+
+
+def test_rerotate_must_be_a_boolean():
+    with pytest.raises(SnapevalError) as error:
+        StreamingLLMCache(budget=16, rerotate="yes")
+    assert error.value.field == "cache.rerotate"
