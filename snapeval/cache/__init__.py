@@ -35,7 +35,7 @@ def build_cache(params: Mapping[str, Any], strict: bool = True) -> SnapevalCache
     if method not in METHODS:
         raise SnapevalError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", "cache.method")
     cls = METHODS[method]
-    accepted = cls.__init__.__code__.co_varnames[1 : cls.__init__.__code__.co_argcount]
+    accepted = cls.parameter_names()
     unknown = sorted(set(params) - set(accepted))
     if not strict:
         params = {k: v for k, v in params.items() if k in accepted}

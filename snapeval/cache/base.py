@@ -13,6 +13,7 @@ the next ring slot, and once the ring is full it overwrites the oldest token the
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -176,9 +177,14 @@ class SnapevalCache(Cache):
         post-RoPE prompt queries; valid: (batch, L) real (non-padding) columns.
         """
 
+    @classmethod
+    def parameter_names(cls) -> list[str]:
+        """The method's parameters: its constructor's arguments, each kept as an attribute of that name."""
+        return list(inspect.signature(cls.__init__).parameters)[1:]
+
     def params(self) -> dict:
-        """The method's parameters, as stored with results."""
-        return {"method": self.method}
+        """The method and its parameters, as stored with results."""
+        return {"method": self.method, **{name: getattr(self, name) for name in self.parameter_names()}}
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)

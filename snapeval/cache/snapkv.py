@@ -39,17 +39,6 @@ class SnapKVCache(SnapevalCache):
         self.budget, self.ratio, self.window = budget, ratio, window
         self.kernel, self.pooling, self.gqa_reduce = kernel, pooling, gqa_reduce
 
-    def params(self) -> dict:
-        return {
-            "method": self.method,
-            "budget": self.budget,
-            "ratio": self.ratio,
-            "window": self.window,
-            "kernel": self.kernel,
-            "pooling": self.pooling,
-            "gqa_reduce": self.gqa_reduce,
-        }
-
     def select(
         self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
     ) -> Selection:

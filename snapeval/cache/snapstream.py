@@ -43,19 +43,6 @@ class SnapStreamCache(SnapevalCache):
         self.budget, self.ratio, self.window, self.kernel = budget, ratio, window, kernel
         self.pooling, self.sinks, self.ring, self.gqa_reduce = pooling, sinks, ring, gqa_reduce
 
-    def params(self) -> dict:
-        return {
-            "method": self.method,
-            "budget": self.budget,
-            "ratio": self.ratio,
-            "window": self.window,
-            "kernel": self.kernel,
-            "pooling": self.pooling,
-            "sinks": self.sinks,
-            "ring": self.ring,
-            "gqa_reduce": self.gqa_reduce,
-        }
-
     def select(
         self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
     ) -> Selection:

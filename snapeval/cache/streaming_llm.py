@@ -38,15 +38,6 @@ class StreamingLLMCache(SnapevalCache):
         super().__init__()
         self.budget, self.ratio, self.sinks, self.rerotate = budget, ratio, sinks, rerotate
 
-    def params(self) -> dict:
-        return {
-            "method": self.method,
-            "budget": self.budget,
-            "ratio": self.ratio,
-            "sinks": self.sinks,
-            "rerotate": self.rerotate,
-        }
-
     def select(
         self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
     ) -> Selection:
