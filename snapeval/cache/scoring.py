@@ -27,17 +27,16 @@ def window_attention(
     query: (batch, heads, L, d) and keys: (batch, kv_heads, L, d), both post-RoPE; valid: (batch, L).
     Computed in float32. Padding queries of the window contribute nothing.
     """
-    heads, length = query.shape[1], keys.shape[2]
+    batch, heads, length, dim = query.shape
     window = min(window, length)
-    window_query = query[:, :, -window:].float()
-    expanded_keys = keys.float().repeat_interleave(heads // keys.shape[1], dim=1)
-    logits = window_query @ expanded_keys.transpose(-1, -2) * scaling
-    query_columns = torch.arange(length - window, length, device=keys.device)
-    causal = torch.arange(length, device=keys.device)[None, :] <= query_columns[:, None]
-    allowed = causal[None, None] & valid[:, None, None, :]
-    probabilities = logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
-    real_query = valid[:, None, -window:, None]
-    return torch.where(real_query, probabilities, 0.0).sum(dim=2)
+    # group the window queries by KV head, so the keys are never copied per query head
+    grouped = (query[:, :, -window:].float() * scaling).reshape(batch, keys.shape[1], -1, dim)
+    logits = (grouped @ keys.float().transpose(-1, -2)).view(batch, heads, window, length)
+    future = torch.ones(window, window, dtype=torch.bool, device=keys.device).triu(1)
+    logits[..., -window:].masked_fill_(future, float("-inf"))  # only window columns can follow a query
+    logits.masked_fill_(~valid[:, None, None, :], float("-inf"))
+    probabilities = logits.softmax(dim=-1)
+    return probabilities.masked_fill_(~valid[:, None, -window:, None], 0.0).sum(dim=2)
 
 
 def pool_scores(scores: torch.Tensor, kernel: int, pooling: str) -> torch.Tensor:
