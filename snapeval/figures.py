@@ -176,6 +176,11 @@ def window_kernel_heatmap(df: pd.DataFrame, out: str | os.PathLike[str]) -> list
     return _save(fig, out, "window_kernel_heatmap")
 
 
+def _error_bars(accuracy, low, high) -> tuple:
+    """(below, above) distances to the interval's ends, never negative (Wilson's ends can round past p)."""
+    return np.clip(accuracy - low, 0, None), np.clip(high - accuracy, 0, None)
+
+
 @mpl.rc_context(PAPER_RC)
 def accuracy_vs_memory(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Path]:
     """Accuracy against mean KV-cache size (MiB) of every setting, one panel per experiment.
@@ -190,7 +195,7 @@ def accuracy_vs_memory(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Pa
     fig, axes = _grid(len(panels))
     for ax, (title, rows) in zip(axes, panels, strict=False):
         for method, points in rows.groupby("cache.method", sort=True):
-            error = (points["accuracy"] - points["ci_low"], points["ci_high"] - points["accuracy"])
+            error = _error_bars(points["accuracy"], points["ci_low"], points["ci_high"])
             ax.errorbar(
                 points["kv_mib"],
                 points["accuracy"],
@@ -351,7 +356,7 @@ def _budget_series(ax: Axes, series: pd.DataFrame, method: str) -> None:
         ax.fill_between(budget, low, high, color=color, alpha=_CI_ALPHA, lw=0)
     else:
         ax.errorbar(
-            budget, accuracy, yerr=(accuracy - low, high - accuracy), marker="o", color=color, label=label
+            budget, accuracy, yerr=_error_bars(accuracy, low, high), marker="o", color=color, label=label
         )
 
 

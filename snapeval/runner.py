@@ -150,6 +150,8 @@ def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, dige
         output = tokenizer.decode(result.tokens, skip_special_tokens=True)
         metrics = task.score(prompt, output)
         extra = {**prompt.metadata, "compressed_prompt_tokens": compress_at or len(prompt_ids)}
+        if cache.method != "full":
+            extra["kept_histogram"] = cache.kept_histogram(len(prompt_ids))
         if prompt.id in reference:
             extra["fidelity"] = fidelity(tokenizer, output, reference[prompt.id])
         db.add_sample(

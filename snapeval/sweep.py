@@ -44,10 +44,10 @@ class SweepSummary(Callback):
 
 
 def sweep_table(db: ResultsDB, since: datetime) -> pd.DataFrame:
-    """One row per run started since ``since``: its setting, accuracy with CI, memory, speed, status."""
-    runs = db.runs_since(since)
+    """One row per config run since ``since``: its setting, accuracy with CI, memory, speed, status."""
+    latest = {run["config_hash"]: run for run in db.runs_since(since)}  # a point swept twice is one row
     rows = []
-    for run in runs:
+    for run in latest.values():
         cache = run["config"]["cache"]
         samples = db.samples_for(run["config_hash"])
         scores = [s["score"] for s in samples]

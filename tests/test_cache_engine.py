@@ -137,3 +137,17 @@ def test_bad_parameters_fail_with_the_field_named(params, field):
     with pytest.raises(SnapevalError) as error:
         build_cache(params)
     assert error.value.field == field
+
+
+def test_kept_histogram_is_the_share_of_each_prompt_region_still_held():
+    from snapeval.cache.base import KVLayer
+
+    cache = StreamingLLMCache(budget=20, sinks=4)
+    layer = KVLayer()
+    layer.positions = torch.tensor(
+        [[[0, 1, 2, 3, *range(84, 100), 100, -1]]]
+    )  # sinks, recent, a generated, empty
+    cache.layers.append(layer)
+    histogram = cache.kept_histogram(prompt_length=100, bins=10)
+    assert histogram["counts"] == pytest.approx([0.4, 0, 0, 0, 0, 0, 0, 0, 0.6, 1.0])
+    assert histogram["bins"] == pytest.approx([i / 10 for i in range(11)])

@@ -216,6 +216,17 @@ class SnapevalCache(Cache):
         rings = [layer.capacity - layer.ring_start for layer in self.layers if layer.capacity is not None]
         return min(rings) if rings else None
 
+    def kept_histogram(self, prompt_length: int, bins: int = 10) -> dict[str, list[float]]:
+        """Share of the prompt's tokens still held, per bin of relative prompt position, averaged over
+        layers, KV heads and batch rows: which parts of the prompt survive compression."""
+        positions = torch.stack([layer.positions for layer in self.layers])
+        prompt = positions[(positions >= 0) & (positions < prompt_length)].float()
+        edges = torch.linspace(0, prompt_length, bins + 1)
+        counts = torch.histogram(prompt.cpu(), bins=edges).hist
+        per_bin = torch.histogram(torch.arange(prompt_length, dtype=torch.float32), bins=edges).hist
+        share = counts / (per_bin.clamp(min=1) * positions[..., 0].numel())
+        return {"bins": (edges / prompt_length).tolist(), "counts": share.tolist()}
+
     def kv_bytes(self) -> int:
         """Bytes of keys and values held, all layers."""
         return sum(layer.kv_bytes() for layer in self.layers)
