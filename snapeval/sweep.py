@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from tabulate import tabulate
 
@@ -29,6 +30,8 @@ class SweepSummary(Callback):
         self.started = datetime.now(timezone.utc)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
         self.points += 1
         overrides = " ".join(config.hydra.overrides.task)
         print(f"[sweep] point {self.points}: {overrides}", flush=True)
