@@ -10,7 +10,7 @@ from __future__ import annotations
 import resource
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from snapeval.models import ModelSpec, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window
 from snapeval.results import ResultsDB, config_hash
 from snapeval.stats import mean_ci
-from snapeval.tasks import load_task
+from snapeval.tasks import Prompt, load_task
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         value = task.get(key)
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise SnapevalError(f"must be a positive integer, got {value}", f"task.{key}")
+    num_samples = cfg["generation"]["num_samples"]
+    if not isinstance(num_samples, int) or num_samples <= 0:
+        raise SnapevalError(f"must be a positive integer, got {num_samples}", "generation.num_samples")
     max_new = cfg["generation"].get("max_new_tokens")
     if max_new is not None and (not isinstance(max_new, int) or max_new <= 0):
         raise SnapevalError(f"must be a positive integer or null, got {max_new}", "generation.max_new_tokens")
@@ -63,6 +66,17 @@ def stored_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     stored = {key: value for key, value in cfg.items() if key not in ("db", "hydra", "memory", "job")}
     stored["cache"] = build_cache(cfg["cache"], strict=False).params()
     return stored
+
+
+def draws(prompts: list[Prompt], num_samples: int) -> list[Prompt]:
+    """Each prompt ``num_samples`` times (ids ``<id>#<k>``) for pass@1 over n sampled answers."""
+    if num_samples == 1:
+        return prompts
+    return [
+        replace(prompt, id=f"{prompt.id}#{k}", metadata={**prompt.metadata, "problem": prompt.id, "draw": k})
+        for prompt in prompts
+        for k in range(num_samples)
+    ]
 
 
 def _sample_seed(seed: int, sample_id: str) -> int:
@@ -89,7 +103,7 @@ def run(cfg: Mapping[str, Any]) -> RunSummary:
         spec = ModelSpec.from_config(cfg["model"])
         tokenizer = load_tokenizer(spec)
         task = load_task(cfg["task"], cfg["seed"])
-        prompts = task.prompts(tokenizer)[: cfg["task"].get("limit")]
+        prompts = draws(task.prompts(tokenizer)[: cfg["task"].get("limit")], cfg["generation"]["num_samples"])
         done = db.done_sample_ids(digest)
         todo = [prompt for prompt in prompts if prompt.id not in done]
         run_id = db.start_run(config, digest)

@@ -70,3 +70,19 @@ def test_rerun_computes_only_missing_samples_and_survives_interruption(smollm, t
     extended = runner.run(config(tmp_path, "task.limit=4", *overrides))
     assert (extended.n, extended.computed) == (4, 1)
     assert load(tmp_path / "db.sqlite")["sample_id"].nunique() == 4
+
+
+def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path):
+    cfg = config(
+        tmp_path,
+        "task.limit=2",
+        "task.context_length=256",
+        "generation.num_samples=2",
+        "generation.do_sample=true",
+        "generation.temperature=0.7",
+        "task.max_new_tokens=8",
+    )
+    summary = runner.run(cfg)
+    frame = load(tmp_path / "db.sqlite")
+    assert summary.n == 4 and sorted(frame["sample_id"])[0].endswith("#0")
+    assert {extra["draw"] for extra in frame["extra"]} == {0, 1}
