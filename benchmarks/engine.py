@@ -15,6 +15,9 @@ runs: it is the reference.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import gc
 import os
 import platform
 import resource
@@ -117,6 +120,9 @@ class PeakRss:
         )
 
     def reset(self) -> None:
+        """Start a new peak from the memory in use now, not from what earlier runs freed but kept."""
+        gc.collect()
+        _trim_heap()
         if self.resettable:
             _reset_high_water_mark()
 
@@ -125,6 +131,14 @@ class PeakRss:
             return _status_kib("VmHWM") / 1024
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak / MIB if sys.platform == "darwin" else peak / 1024
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the OS where the C library can (glibc's ``malloc_trim``)."""
+    libc = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    if trim is not None:
+        trim(0)
 
 
 def _reset_high_water_mark() -> bool:
