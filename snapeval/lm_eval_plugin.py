@@ -1,0 +1,74 @@
+"""``lm_eval --model snapstream``: puts snapeval's model into lm-eval's model registry.
+
+lm-eval (0.4.x) looks a ``--model`` up in its own registry only, which it fills when ``lm_eval.models``
+is imported; it has no entry point for models from other packages. So the wheel installs
+``snapeval_lm_eval.pth`` next to the package, and the interpreter runs :func:`install` at start-up. That
+adds a finder to ``sys.meta_path`` which ignores every import but ``lm_eval.models``; once that module
+has run, :func:`register` adds ``snapstream`` to the registry, as a lazy placeholder where lm-eval
+supports them, so torch and the model's module load only when lm-eval asks for the model.
+
+Start-up cost when lm-eval is not used: importing this module (standard library only).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from types import ModuleType
+
+MODEL_NAME = "snapstream"
+MODEL_TARGET = "snapeval.lm_eval_model:SnapStreamLM"
+WATCHED_MODULE = "lm_eval.models"
+
+
+def register() -> None:
+    """Add ``snapstream`` to lm-eval's model registry (idempotent)."""
+    try:
+        from lm_eval.api.registry import model_registry
+    except ImportError:  # lm-eval without lazy placeholders: registering means importing the model
+        import snapeval.lm_eval_model  # noqa: F401
+
+        return
+    if MODEL_NAME not in model_registry:
+        model_registry.register(MODEL_NAME, target=MODEL_TARGET)
+
+
+class _RegisterAfterLoading(importlib.abc.Loader):
+    """Runs the wrapped loader, then :func:`register`."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        register()
+
+    def __getattr__(self, name: str):  # get_source, get_resource_reader, ... of the wrapped loader
+        return getattr(self.loader, name)
+
+
+class LmEvalModelsFinder(importlib.abc.MetaPathFinder):
+    """Finds ``lm_eval.models`` through the other finders and wraps its loader; ignores every other name."""
+
+    def find_spec(self, fullname: str, path=None, target=None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != WATCHED_MODULE:
+            return None
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None) if finder is not self else None
+            spec = find_spec(fullname, path, target) if find_spec else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _RegisterAfterLoading(spec.loader)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Watch for lm-eval's models (from the ``.pth`` file); registers at once if they are loaded already."""
+    if WATCHED_MODULE in sys.modules:
+        register()
+    elif not any(isinstance(finder, LmEvalModelsFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, LmEvalModelsFinder())

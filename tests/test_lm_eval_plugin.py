@@ -1,0 +1,88 @@
+"""``lm_eval --model snapstream``: the installed ``.pth`` hook registers snapeval's model with lm-eval.
+
+Each test starts a fresh interpreter, as a user's shell would: the hook must work from start-up alone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from snapeval.paths import TASKS_DIR
+
+
+def fresh_python(code: str, cwd: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip()
+
+
+def lm_eval_executable() -> str:
+    beside_python = Path(sys.executable).with_name("lm_eval")
+    return str(beside_python) if beside_python.exists() else shutil.which("lm_eval")
+
+
+def test_a_fresh_interpreter_finds_snapstream_and_lm_evals_own_models(tmp_path):
+    out = fresh_python(
+        "from lm_eval.api.registry import get_model\n"
+        "model = get_model('snapstream')\n"
+        "print(model.__module__, model.__name__, get_model('hf').__name__)",
+        tmp_path,
+    )
+    assert out.split() == ["snapeval.lm_eval_model", "SnapStreamLM", "HFLM"]
+
+
+def test_start_up_hook_imports_nothing_heavy(tmp_path):
+    out = fresh_python(
+        "import sys\n"
+        "from snapeval.lm_eval_plugin import LmEvalModelsFinder\n"
+        "print(sorted(m for m in ('torch', 'lm_eval', 'snapeval.lm_eval_model') if m in sys.modules),\n"
+        "      sum(isinstance(f, LmEvalModelsFinder) for f in sys.meta_path))",
+        tmp_path,
+    )
+    assert out == "[] 1"
+
+
+def test_lm_eval_cli_evaluates_a_task_under_snapstream(tmp_path):
+    results_dir = tmp_path / "out"
+    done = subprocess.run(
+        [
+            lm_eval_executable(),
+            "--model",
+            "snapstream",
+            "--model_args",
+            "pretrained=smollm2-135m,method=snapstream,budget=96,window=16,kernel=5",
+            "--include_path",
+            str(TASKS_DIR),
+            "--tasks",
+            "snapeval_ruler_passkey",
+            "--metadata",
+            '{"context_length": 384, "num_samples": 2}',
+            "--limit",
+            "2",
+            "--apply_chat_template",
+            "--log_samples",
+            "--output_path",
+            str(results_dir),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [results_file] = results_dir.rglob("results_*.json")
+    results = json.loads(results_file.read_text())
+    assert results["config"]["model"] == "snapstream"
+    assert results["config"]["model_args"]["budget"] == 96
+    assert 0.0 <= results["results"]["snapeval_ruler_passkey"]["score,none"] <= 1.0
+    [samples_file] = results_dir.rglob("samples_snapeval_ruler_passkey_*.jsonl")
+    samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
+    assert len(samples) == 2
+    assert all(sample["resps"][0][0].strip() for sample in samples)  # the model answered something
