@@ -17,14 +17,14 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
-from snapeval.cache import build_cache, install
+from snapeval.cache import SnapevalCache, build_cache, install
 from snapeval.errors import SnapevalError
-from snapeval.generation import Sampling, generate
+from snapeval.generation import Generation, Sampling, generate
 from snapeval.models import ModelSpec, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window
 from snapeval.results import ResultsDB, config_hash
 from snapeval.stats import mean_ci
-from snapeval.tasks import Prompt, load_task
+from snapeval.tasks import AnswerPass, Prompt, load_task
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         raise SnapevalError(f"must be a positive integer or null, got {max_new}", "generation.max_new_tokens")
     if cfg["generation"]["do_sample"] and cfg["generation"]["temperature"] <= 0:
         raise SnapevalError("must be > 0 when sampling", "generation.temperature")
+    AnswerPass.from_config(task.get("answer_pass"))
 
 
 def stored_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -140,32 +141,58 @@ def fidelity(tokenizer, output: str, reference: str) -> dict[str, Any]:
     return {"exact": output == reference, "common_prefix_tokens": common, "reference_tokens": len(theirs)}
 
 
+@dataclass
+class _Call:
+    """One prefill + generation: what the model was given and what came back."""
+
+    prompt_ids: list[int]
+    compress_at: int | None
+    cache: SnapevalCache
+    result: Generation
+    output: str
+
+
 def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, digest: str, reference) -> None:
+    """Generate, score and store each prompt; a two-pass task's answer call follows its first call.
+
+    A sample's timings and token counts add up both calls, its KV bytes are the larger cache;
+    ``prompt_tokens`` and the kept histogram describe the first (long-context) call.
+    """
     model = install(load_model(spec))
     tokenizer = load_tokenizer(spec)
     generation_cfg = cfg["generation"]
     max_new_tokens = generation_cfg.get("max_new_tokens") or task.max_new_tokens
     stop_ids = _stop_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)
-    for prompt in tqdm(
-        todo, desc=f"{task.name} [{cfg['cache']['method']}]", disable=not cfg.get("progress", True)
-    ):
-        messages = fit_to_window(
-            tokenizer, prompt.messages, spec.max_context - max_new_tokens, task.truncation
-        )
+
+    def call(messages: list[dict[str, str]], max_new: int, seed_key: str) -> _Call:
+        messages = fit_to_window(tokenizer, messages, spec.max_context - max_new, task.truncation)
         prompt_ids, compress_at = encode_with_split(tokenizer, messages, task.query_start)
         cache = build_cache(cfg["cache"], strict=False)
         sampling = Sampling(
             do_sample=generation_cfg["do_sample"],
             temperature=generation_cfg["temperature"],
             top_p=generation_cfg["top_p"],
-            seed=_sample_seed(cfg["seed"], prompt.id),
+            seed=_sample_seed(cfg["seed"], seed_key),
         )
-        result = generate(model, prompt_ids, cache, max_new_tokens, stop_ids, sampling, compress_at)
+        result = generate(model, prompt_ids, cache, max_new, stop_ids, sampling, compress_at)
         output = tokenizer.decode(result.tokens, skip_special_tokens=True)
+        return _Call(prompt_ids, compress_at, cache, result, output)
+
+    for prompt in tqdm(
+        todo, desc=f"{task.name} [{cfg['cache']['method']}]", disable=not cfg.get("progress", True)
+    ):
+        calls = [call(prompt.messages, max_new_tokens, prompt.id)]
+        if task.answer_pass:
+            answer_messages = task.answer_pass.messages(prompt, calls[0].output)
+            calls.append(call(answer_messages, task.answer_pass.max_new_tokens, f"{prompt.id}#answer"))
+        first, output = calls[0], calls[-1].output
         metrics = task.score(prompt, output)
-        extra = {**prompt.metadata, "compressed_prompt_tokens": compress_at or len(prompt_ids)}
-        if cache.method != "full":
-            extra["kept_histogram"] = cache.kept_histogram(len(prompt_ids))
+        extra = {**prompt.metadata, "compressed_prompt_tokens": first.compress_at or len(first.prompt_ids)}
+        if first.cache.method != "full":
+            extra["kept_histogram"] = first.cache.kept_histogram(len(first.prompt_ids))
+        if task.answer_pass:
+            extra["reasoning"] = first.output
+            extra["calls"] = [_call_record(c) for c in calls]
         if prompt.id in reference:
             extra["fidelity"] = fidelity(tokenizer, output, reference[prompt.id])
         db.add_sample(
@@ -173,19 +200,29 @@ def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, dige
             digest,
             {
                 "sample_id": prompt.id,
-                "prompt_tokens": len(prompt_ids),
+                "prompt_tokens": len(first.prompt_ids),
                 "output": output,
                 "target": prompt.target,
                 "score": metrics["score"],
                 "metrics": metrics,
-                "prefill_s": result.prefill_s,
-                "decode_s": result.decode_s,
-                "generated_tokens": len(result.tokens),
+                "prefill_s": sum(c.result.prefill_s for c in calls),
+                "decode_s": sum(c.result.decode_s for c in calls),
+                "generated_tokens": sum(len(c.result.tokens) for c in calls),
                 "peak_memory_bytes": _peak_memory_bytes(model.device),
-                "kv_bytes": cache.kv_bytes(),
+                "kv_bytes": max(c.cache.kv_bytes() for c in calls),
                 "extra": extra,
             },
         )
+
+
+def _call_record(made: _Call) -> dict[str, Any]:
+    return {
+        "prompt_tokens": len(made.prompt_ids),
+        "generated_tokens": len(made.result.tokens),
+        "prefill_s": made.result.prefill_s,
+        "decode_s": made.result.decode_s,
+        "kv_bytes": made.cache.kv_bytes(),
+    }
 
 
 def _stop_ids(*ids: int | list[int] | None) -> set[int]:

@@ -1,14 +1,16 @@
-"""What the runner needs from a task: chat prompts with ids, a generation length, and a scorer.
+"""What the runner needs from a task: chat prompts with ids, a generation length, a scorer, and for
+two-pass protocols (LongBench-v2 CoT) the second call's prompt.
 
 Tasks know nothing of caches. :func:`load_task` turns the ``task`` config group into an :class:`EvalTask`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hydra.utils import get_method
 from transformers import PreTrainedTokenizerBase
 
 from snapeval import synthetic
@@ -27,11 +29,44 @@ class Prompt:
     doc: Any = field(default=None, repr=False, compare=False)  # the task's own row, never stored
 
 
+@dataclass(frozen=True)
+class AnswerPass:
+    """The second call of a two-pass protocol: a new prompt from the task's row and the first output.
+
+    LongBench-v2 CoT: the first call reasons over the document, the second gets the question and that
+    reasoning (the document omitted) and answers; the second output is the one scored.
+    """
+
+    build_prompt: Callable[[Any, str], str]
+    max_new_tokens: int
+
+    def messages(self, prompt: Prompt, first_output: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": self.build_prompt(prompt.doc, first_output)}]
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | None) -> AnswerPass | None:
+        """From ``task.answer_pass`` (``prompt``: a dotted function path, ``max_new_tokens``), or None."""
+        if not cfg:
+            return None
+        try:
+            build_prompt = get_method(cfg["prompt"])
+        except Exception as exc:  # Hydra wraps import and attribute errors alike
+            message = f"cannot import {cfg['prompt']!r}: {exc}"
+            raise SnapevalError(message, "task.answer_pass.prompt") from None
+        max_new_tokens = cfg.get("max_new_tokens")
+        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise SnapevalError(
+                f"must be a positive integer, got {max_new_tokens}", "task.answer_pass.max_new_tokens"
+            )
+        return cls(build_prompt, max_new_tokens)
+
+
 class EvalTask(Protocol):
     name: str
     max_new_tokens: int
     truncation: str  # "error" | "middle": what to do with a prompt longer than the model's window
     query_start: str | None  # text where the query begins, for query-agnostic compression
+    answer_pass: AnswerPass | None  # a second call whose output is scored (two-pass protocols)
 
     def prompts(self, tokenizer: PreTrainedTokenizerBase) -> list[Prompt]:
         """Every sample of the task, in a fixed order."""
@@ -52,6 +87,7 @@ class SyntheticTask:
     max_new_tokens: int
     truncation: str = "error"
     query_start: str | None = None
+    answer_pass: AnswerPass | None = None
 
     def prompts(self, tokenizer: PreTrainedTokenizerBase) -> list[Prompt]:
         samples = synthetic.generate(self.kind, tokenizer, self.context_length, self.num_samples, self.seed)
@@ -84,6 +120,7 @@ class LmEvalTask:
     metadata: dict[str, Any] = field(default_factory=dict)
     truncation: str = "error"
     query_start: str | None = None
+    answer_pass: AnswerPass | None = None
 
     def _task(self):
         from lm_eval.tasks import TaskManager
@@ -127,6 +164,7 @@ def load_task(cfg: Mapping[str, Any], seed: int) -> EvalTask:
             metadata={"seed": seed, **(cfg.get("metadata") or {})},
             truncation=cfg.get("truncation", "error"),
             query_start=cfg.get("query_start") if cfg.get("compression") == "query_agnostic" else None,
+            answer_pass=AnswerPass.from_config(cfg.get("answer_pass")),
         )
     if family == "synthetic":
         return SyntheticTask(

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from snapeval import runner
+from snapeval.benchmarks import longbench_v2 as lb
+from snapeval.data import LONGBENCH_V2, load_rows
+from snapeval.models import encode_chat
 from snapeval.results import load
 
 from .conftest import compose_config
@@ -39,6 +42,30 @@ def test_longbench_v2_truncated_to_the_window_query_agnostic(smollm, tmp_path):
     assert frame["extra"].iloc[0]["compressed_prompt_tokens"] < frame["prompt_tokens"].iloc[0]
     assert {"metric.acc", "metric.acc_easy"} & set(frame.columns) or "metric.acc_hard" in frame.columns
     assert frame["kv_bytes"].iloc[0] == 256 * 30 * 3 * 64 * 2 * 4
+
+
+def test_longbench_v2_cot_answers_from_its_reasoning_without_the_document(smollm, tmp_path):
+    summary = run(
+        tmp_path,
+        "task=longbench_v2_cot",
+        "task.limit=1",
+        "model.max_context=1024",
+        "task.max_new_tokens=24",
+        "task.answer_pass.max_new_tokens=16",
+        "cache=snapstream",
+        "cache.budget=256",
+    )
+    sample = load(tmp_path / "db.sqlite").iloc[0]
+    row = next(row for row in load_rows(LONGBENCH_V2) if row["_id"] == sample["sample_id"])
+    reasoning_call, answer_call = sample["extra"]["calls"]
+    answer_prompt = lb.build_cot_answer_prompt(row, sample["extra"]["reasoning"])
+    assert "The text is too long and omitted here." in answer_prompt
+    assert answer_call["prompt_tokens"] == len(
+        encode_chat(smollm.tokenizer, [{"role": "user", "content": answer_prompt}])
+    )
+    assert reasoning_call["prompt_tokens"] == sample["prompt_tokens"] <= 1024 - 24
+    assert sample["generated_tokens"] == reasoning_call["generated_tokens"] + answer_call["generated_tokens"]
+    assert summary.accuracy == sample["metric.acc"] == lb.score(sample["output"], row)["acc"]
 
 
 @pytest.mark.slow

@@ -29,6 +29,14 @@ def snapeval(*args: str, tmp_path) -> subprocess.CompletedProcess:
         (["cache=snapkv", "cache.kernel=4"], "error: cache.kernel: must be a positive odd integer"),
         (["cache=snapkv", "cache.pooling=median"], "error: cache.pooling: unknown pooling 'median'"),
         (["task.contxt_length=5"], "contxt_length"),
+        (
+            ["task=longbench_v2_cot", "task.answer_pass.prompt=snapeval.benchmarks.longbench_v2.nope"],
+            "error: task.answer_pass.prompt: cannot import 'snapeval.benchmarks.longbench_v2.nope'",
+        ),
+        (
+            ["task=longbench_v2_cot", "task.answer_pass.max_new_tokens=0"],
+            "error: task.answer_pass.max_new_tokens: must be a positive integer",
+        ),
     ],
 )
 def test_bad_config_fails_in_one_clear_message(args, expected, tmp_path):

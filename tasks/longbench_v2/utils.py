@@ -1,4 +1,4 @@
-"""LongBench-v2 for lm-eval: the official 0-shot prompt and answer regex, with difficulty/length splits."""
+"""LongBench-v2 for lm-eval: official 0-shot and CoT prompts, answer regex, difficulty/length splits."""
 
 import datasets
 
@@ -13,6 +13,10 @@ def load(**metadata) -> datasets.DatasetDict:
 
 def doc_to_text(doc: dict) -> str:
     return longbench_v2.build_prompt(doc)
+
+
+def doc_to_text_cot(doc: dict) -> str:
+    return longbench_v2.build_prompt(doc, cot=True)
 
 
 def process_results(doc: dict, results: list[str]) -> dict[str, float]:
