@@ -1,7 +1,18 @@
-"""Where the project's declarative parts live: Hydra configs and lm-eval task definitions."""
+"""Where the project's declarative parts live: Hydra configs and lm-eval task definitions.
+
+In a checkout (and an editable install) they are the top-level ``conf/`` and ``tasks/``; a wheel
+carries them inside the package (see ``hatch_build.py``).
+"""
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO_ROOT / "conf"
-TASKS_DIR = REPO_ROOT / "tasks"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _declarative_dir(name: str) -> Path:
+    in_package = PACKAGE_DIR / name
+    return in_package if in_package.is_dir() else PACKAGE_DIR.parent / name
+
+
+CONF_DIR = _declarative_dir("conf")
+TASKS_DIR = _declarative_dir("tasks")

@@ -6,12 +6,17 @@ Each test starts a fresh interpreter, as a user's shell would: the hook must wor
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from snapeval.paths import TASKS_DIR
+
+from .paths import SHARED_DATA
 
 
 def fresh_python(code: str, cwd: Path) -> str:
@@ -48,7 +53,16 @@ def test_start_up_hook_imports_nothing_heavy(tmp_path):
     assert out == "[] 1"
 
 
-def test_lm_eval_cli_evaluates_a_task_under_snapstream(tmp_path):
+@pytest.mark.parametrize(
+    "task,extra_args,metric",
+    [
+        ("snapeval_ruler_passkey", ["--metadata", '{"context_length": 384, "num_samples": 2}'], "score,none"),
+        pytest.param(
+            "snapeval_aime24", ["--gen_kwargs", "max_gen_toks=64"], "acc,none", marks=pytest.mark.slow
+        ),
+    ],
+)
+def test_lm_eval_cli_evaluates_a_task_under_snapstream(tmp_path, task, extra_args, metric):
     results_dir = tmp_path / "out"
     done = subprocess.run(
         [
@@ -60,9 +74,8 @@ def test_lm_eval_cli_evaluates_a_task_under_snapstream(tmp_path):
             "--include_path",
             str(TASKS_DIR),
             "--tasks",
-            "snapeval_ruler_passkey",
-            "--metadata",
-            '{"context_length": 384, "num_samples": 2}',
+            task,
+            *extra_args,
             "--limit",
             "2",
             "--apply_chat_template",
@@ -73,7 +86,8 @@ def test_lm_eval_cli_evaluates_a_task_under_snapstream(tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        timeout=600,
+        env={**os.environ, "SNAPEVAL_DATA_DIR": str(SHARED_DATA)},
+        timeout=900,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -81,8 +95,8 @@ def test_lm_eval_cli_evaluates_a_task_under_snapstream(tmp_path):
     results = json.loads(results_file.read_text())
     assert results["config"]["model"] == "snapstream"
     assert results["config"]["model_args"]["budget"] == 96
-    assert 0.0 <= results["results"]["snapeval_ruler_passkey"]["score,none"] <= 1.0
-    [samples_file] = results_dir.rglob("samples_snapeval_ruler_passkey_*.jsonl")
+    assert 0.0 <= results["results"][task][metric] <= 1.0
+    [samples_file] = results_dir.rglob(f"samples_{task}_*.jsonl")
     samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
     assert len(samples) == 2
     assert all(sample["resps"][0][0].strip() for sample in samples)  # the model answered something
