@@ -6,10 +6,12 @@ KV MiB, seconds per sample, status), failed points included with their error.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from typing import Any
 
 import pandas as pd
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -25,16 +27,19 @@ class SweepSummary(Callback):
     def __init__(self) -> None:
         self.started = datetime.now(timezone.utc)
         self.points = 0
+        self.total: int | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.started = datetime.now(timezone.utc)
+        self.total = count_points(config)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.hydra.mode != RunMode.MULTIRUN:
             return
         self.points += 1
         overrides = " ".join(config.hydra.overrides.task)
-        print(f"[sweep] point {self.points}: {overrides}", flush=True)
+        of_total = f"/{self.total}" if self.total else ""
+        print(f"[sweep] point {self.points}{of_total}: {overrides}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         with ResultsDB(config.db.url) as db:
@@ -44,6 +49,27 @@ class SweepSummary(Callback):
         failed = int((table["status"] == "failed").sum())
         print(tabulate(table, headers="keys", tablefmt="github", showindex=False, floatfmt=".3f"))
         print(f"[sweep] {len(table)} points, {failed} failed" + (" (errors above)" if failed else ""))
+
+
+def count_points(config: DictConfig) -> int | None:
+    """Points of a basic-sweeper multirun: the product of its sweep sizes (None if it cannot tell).
+
+    The sweeper's ``params`` and the command line are combined per key, the command line winning, as
+    Hydra's basic sweeper does.
+    """
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    params = config.hydra.sweeper.get("params") or {}
+    overrides = [f"{key}={value}" for key, value in params.items()] + list(config.hydra.overrides.task)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        sizes = {
+            o.key_or_group: len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+            for o in parsed
+        }
+    except Exception:  # e.g. a glob over config group options, which only the sweeper can expand
+        return None
+    return math.prod(sizes.values())
 
 
 def sweep_table(db: ResultsDB, since: datetime) -> pd.DataFrame:

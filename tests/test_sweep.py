@@ -7,11 +7,12 @@ import sys
 from datetime import datetime, timezone
 
 import pytest
+from omegaconf import OmegaConf
 
 from snapeval import runner
 from snapeval.errors import SnapevalError
 from snapeval.results import ResultsDB, load
-from snapeval.sweep import sweep_table
+from snapeval.sweep import count_points, sweep_table
 
 from .conftest import compose_config
 
@@ -54,7 +55,23 @@ def test_multirun_goes_on_past_a_failing_point_and_summarizes(tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "[sweep] point 2/2: " in result.stdout
     assert "[sweep] 2 points, 1 failed" in result.stdout
     assert "error: cache.budget" in result.stderr
     frame = load(db)
     assert set(frame["method"]) == {"full"} and len(frame) == 1
+
+
+def test_sweep_size_combines_the_sweeper_params_and_the_command_line():
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "sweeper": {
+                    "_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                    "params": {"cache": "full,snapstream", "cache.budget": "128,256,512", "seed": "0"},
+                },
+                "overrides": {"task": ["cache.budget=64,128", "seed=range(0,3)", "task.limit=2"]},
+            }
+        }
+    )
+    assert count_points(config) == 2 * 2 * 3  # the command line's budgets and seeds replace the params'
