@@ -17,6 +17,7 @@ from typing import Any
 from snapeval.errors import SnapevalError
 
 DATA_DIR_ENV = "SNAPEVAL_DATA_DIR"
+DATA_PATH_FIELD = "task.metadata.data_path"  # where a Hydra run sets the local file or folder
 SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
@@ -42,7 +43,7 @@ def load_rows(source: DataSource, data_path: str | None = None) -> list[dict[str
         missing = [field for field in source.required if field not in row]
         if missing:
             raise SnapevalError(
-                f"{where}, row {index}: missing field(s) {', '.join(missing)}", "task.data_path"
+                f"{where}, row {index}: missing field(s) {', '.join(missing)}", DATA_PATH_FIELD
             )
     return rows
 
@@ -51,13 +52,13 @@ def _local_file(source: DataSource, data_path: str | None) -> Path | None:
     if data_path:
         path = Path(data_path).expanduser()
         if not path.exists():
-            raise SnapevalError(f"{path} does not exist", "task.data_path")
+            raise SnapevalError(f"{path} does not exist", DATA_PATH_FIELD)
         return _single_file(path) if path.is_dir() else path
     data_dir = os.environ.get(DATA_DIR_ENV)
     if data_dir:
         path = Path(data_dir).expanduser() / source.local_path
         if not path.exists():
-            raise SnapevalError(f"${DATA_DIR_ENV} is set but {path} does not exist", "task.data_path")
+            raise SnapevalError(f"${DATA_DIR_ENV} is set but {path} does not exist", DATA_PATH_FIELD)
         return path
     return None
 
@@ -65,7 +66,7 @@ def _local_file(source: DataSource, data_path: str | None) -> Path | None:
 def _single_file(folder: Path) -> Path:
     files = sorted(p for p in folder.iterdir() if p.suffix in SUFFIXES)
     if len(files) != 1:
-        raise SnapevalError(f"{folder} must hold exactly one {'/'.join(SUFFIXES)} file", "task.data_path")
+        raise SnapevalError(f"{folder} must hold exactly one {'/'.join(SUFFIXES)} file", DATA_PATH_FIELD)
     return files[0]
 
 
@@ -80,7 +81,7 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
             rows = json.loads(text)
         except json.JSONDecodeError as exc:
             raise SnapevalError(
-                f"{path}, line {exc.lineno}: invalid JSON ({exc.msg})", "task.data_path"
+                f"{path}, line {exc.lineno}: invalid JSON ({exc.msg})", DATA_PATH_FIELD
             ) from None
         return _as_rows(rows, path)
     rows = []
@@ -90,17 +91,15 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as exc:
-            raise SnapevalError(
-                f"{path}, line {number}: invalid JSON ({exc.msg})", "task.data_path"
-            ) from None
+            raise SnapevalError(f"{path}, line {number}: invalid JSON ({exc.msg})", DATA_PATH_FIELD) from None
         if not isinstance(rows[-1], dict):
-            raise SnapevalError(f"{path}, line {number}: expected a JSON object", "task.data_path")
+            raise SnapevalError(f"{path}, line {number}: expected a JSON object", DATA_PATH_FIELD)
     return rows
 
 
 def _as_rows(rows: Any, path: Path) -> list[dict[str, Any]]:
     if not isinstance(rows, Sequence) or not all(isinstance(row, dict) for row in rows):
-        raise SnapevalError(f"{path}: expected a JSON list of objects", "task.data_path")
+        raise SnapevalError(f"{path}: expected a JSON list of objects", DATA_PATH_FIELD)
     return list(rows)
 
 
@@ -115,8 +114,8 @@ def _read_hub(source: DataSource) -> list[dict[str, Any]]:
     except Exception as exc:  # the Hub client raises many types; all mean "not reachable / not found"
         raise SnapevalError(
             f"could not load {source.name} from the Hugging Face Hub ({source.hub_id}): "
-            f"{type(exc).__name__}. Offline? Set ${DATA_DIR_ENV} or task.data_path to a local copy.",
-            "task.data_path",
+            f"{type(exc).__name__}. Offline? Set ${DATA_DIR_ENV} or {DATA_PATH_FIELD} to a local copy.",
+            DATA_PATH_FIELD,
         ) from None
     return [dict(row) for row in dataset]
 
