@@ -134,7 +134,7 @@ class SnapStreamLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         outputs = []
-        for request in tqdm(requests, disable=disable_tqdm, desc="generate_until"):
+        for index, request in enumerate(tqdm(requests, disable=disable_tqdm, desc="generate_until")):
             context, gen_kwargs = request.args
             until = [s for s in (gen_kwargs.get("until") or []) if s]
             max_new = int(gen_kwargs.get("max_gen_toks", 256))
@@ -148,7 +148,8 @@ class SnapStreamLM(LM):
                 do_sample=bool(gen_kwargs.get("do_sample", False)),
                 temperature=float(gen_kwargs.get("temperature") or 1.0),
                 top_p=float(gen_kwargs.get("top_p") or 1.0),
-                seed=int(gen_kwargs.get("seed", 0) or 0),
+                # lm-eval's `repeats` sends identical requests: each needs its own draw
+                seed=int(gen_kwargs.get("seed") or 0) + index,
             )
             result = generate(
                 self.model,

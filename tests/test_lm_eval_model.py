@@ -62,3 +62,13 @@ def test_generate_until_stops_at_the_stop_string(full):
     )
     output = full.generate_until([request], disable_tqdm=True)[0]
     assert "5" not in output and "4" in output
+
+
+def test_repeated_sampled_requests_are_different_draws_and_reproducible(full):
+    """lm-eval's ``repeats`` (n samples per problem, pass@1 as their mean) sends identical requests."""
+    prompt = full.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
+    sampled = {"until": [], "max_gen_toks": 12, "do_sample": True, "temperature": 1.0}
+    requests = [Instance("generate_until", doc={}, arguments=(prompt, sampled), idx=0) for _ in range(2)]
+    first = full.generate_until(requests, disable_tqdm=True)
+    assert first[0] != first[1]
+    assert full.generate_until(requests, disable_tqdm=True) == first
