@@ -6,7 +6,7 @@ KV MiB, seconds per sample, status), failed points included with their error.
 
 from __future__ import annotations
 
-import math
+import itertools
 from datetime import datetime, timezone
 from typing import Any
 
@@ -51,25 +51,29 @@ class SweepSummary(Callback):
         print(f"[sweep] {len(table)} points, {failed} failed" + (" (errors above)" if failed else ""))
 
 
-def count_points(config: DictConfig) -> int | None:
-    """Points of a basic-sweeper multirun: the product of its sweep sizes (None if it cannot tell).
+def sweep_points(overrides: list[str]) -> list[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper expands them: for every key its last override wins,
+    a sweep (``a,b``, ``range(...)``) gives one value per job, and the jobs are the product over keys."""
+    per_key: dict[str, list[str]] = {}
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.is_sweep_override():
+            key = override.get_key_element()
+            per_key[override.key_or_group] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:
+            per_key[override.key_or_group] = [override.input_line]
+    return [list(job) for job in itertools.product(*per_key.values())]
 
-    The sweeper's ``params`` and the command line are combined per key, the command line winning, as
-    Hydra's basic sweeper does.
-    """
+
+def count_points(config: DictConfig) -> int | None:
+    """Points of a basic-sweeper multirun: its ``params`` then the command line (None if it cannot tell)."""
     if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return None
     params = config.hydra.sweeper.get("params") or {}
     overrides = [f"{key}={value}" for key, value in params.items()] + list(config.hydra.overrides.task)
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-        sizes = {
-            o.key_or_group: len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
-            for o in parsed
-        }
+        return len(sweep_points(overrides))
     except Exception:  # e.g. a glob over config group options, which only the sweeper can expand
         return None
-    return math.prod(sizes.values())
 
 
 def sweep_table(db: ResultsDB, since: datetime) -> pd.DataFrame:
