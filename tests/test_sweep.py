@@ -7,16 +7,15 @@ import sys
 from datetime import datetime, timezone
 
 import pytest
-import yaml
 from omegaconf import OmegaConf
 
 from snapeval import runner
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 from snapeval.results import ResultsDB, load
-from snapeval.sweep import count_points, sweep_points, sweep_table
+from snapeval.sweep import count_points, sweep_table
 
-from .conftest import compose_config
+from .conftest import compose_config, composed_sweep
 
 
 def test_failing_point_is_recorded_with_its_error(tmp_path):
@@ -82,12 +81,4 @@ def test_sweep_size_combines_the_sweeper_params_and_the_command_line():
 @pytest.mark.parametrize("experiment", sorted(path.stem for path in (CONF_DIR / "exp").glob("*.yaml")))
 def test_every_point_of_every_shipped_sweep_composes_and_validates(experiment):
     """A sweep that cannot compose a point fails only after earlier points ran: catch it here."""
-    spec = yaml.safe_load((CONF_DIR / "exp" / f"{experiment}.yaml").read_text())
-    params = spec["hydra"]["sweeper"]["params"]
-    points = sweep_points([f"{key}={value}" for key, value in params.items()])
-    assert len(points) > 1
-    for point in points:
-        cfg = compose_config(f"+exp={experiment}", *point)
-        if cfg["job"] == "evaluate":
-            runner.check_config(cfg)
-            runner.stored_config(cfg)  # builds the cache: rejects impossible cache parameters
+    assert len(composed_sweep(experiment)) > 1
