@@ -74,7 +74,6 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@torch.inference_mode()
 def generate(
     model: PreTrainedModel,
     prompt_ids: Sequence[int],
@@ -89,24 +88,66 @@ def generate(
 
     Stops at a token of ``stop_ids`` (not kept) or when ``should_stop(tokens)`` says so (tokens kept).
     """
+    return generate_draws(
+        model, prompt_ids, cache, max_new_tokens, stop_ids, [sampling], compress_at, should_stop
+    )[0]
+
+
+@torch.inference_mode()
+def generate_draws(
+    model: PreTrainedModel,
+    prompt_ids: Sequence[int],
+    cache: Cache,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    samplings: Sequence[Sampling],
+    compress_at: int | None = None,
+    should_stop: Callable[[list[int]], bool] | None = None,
+) -> list[Generation]:
+    """Several answers to one prompt, decoded together: one per ``samplings`` entry.
+
+    The prompt is prefilled (and compressed) once; the cache is then copied into one batch row per
+    answer, and the rows decode as one batch, each sampling from its own seed and stopping on its own
+    (as :func:`generate` describes). A row that has stopped rides along until all have. Each answer's
+    seconds are the batch's divided by the number of answers, so that they add up to the wall time.
+    """
+    rows = len(samplings)
     device = model.device
-    generator = torch.Generator(device=device).manual_seed(sampling.seed) if sampling.do_sample else None
+    generators = [
+        torch.Generator(device=device).manual_seed(s.seed) if s.do_sample else None for s in samplings
+    ]
     start = time.perf_counter()
-    token = _next_token(prompt_logits(model, prompt_ids, cache, compress_at)[-1], sampling, generator)
+    last_logits = prompt_logits(model, prompt_ids, cache, compress_at)[-1]
+    if rows > 1:
+        cache.batch_repeat_interleave(rows)
+    next_tokens = [_next_token(last_logits, s, g) for s, g in zip(samplings, generators, strict=True)]
     _synchronize(device)
     prefill_s = time.perf_counter() - start
 
-    tokens: list[int] = []
+    answers: list[list[int]] = [[] for _ in range(rows)]
+    active = [True] * rows
     start = time.perf_counter()
-    while token not in stop_ids:
-        tokens.append(token)
-        if len(tokens) == max_new_tokens or (should_stop and should_stop(tokens)):
+    while True:
+        for row, token in enumerate(next_tokens):
+            if not active[row]:
+                continue
+            if token in stop_ids:
+                active[row] = False
+                continue
+            answers[row].append(token)
+            full = len(answers[row]) == max_new_tokens
+            active[row] = not (full or (should_stop and should_stop(answers[row])))
+        if not any(active):
             break
-        step = torch.tensor([[token]], device=device)
-        logits = model(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1]
-        token = _next_token(logits, sampling, generator)
+        step = torch.tensor([[token] for token in next_tokens], device=device)
+        logits = model(input_ids=step, past_key_values=cache, use_cache=True).logits[:, -1]
+        next_tokens = [
+            _next_token(logits[row], samplings[row], generators[row]) if active[row] else next_tokens[row]
+            for row in range(rows)
+        ]
     _synchronize(device)
-    return Generation(tokens=tokens, prefill_s=prefill_s, decode_s=time.perf_counter() - start)
+    decode_s = time.perf_counter() - start
+    return [Generation(tokens, prefill_s / rows, decode_s / rows) for tokens in answers]
 
 
 @torch.inference_mode()

@@ -16,15 +16,16 @@ from typing import Any
 import torch
 from tabulate import tabulate
 from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
 
 from snapeval.cache import SnapevalCache, build_cache, install
 from snapeval.errors import SnapevalError
-from snapeval.generation import Generation, Sampling, generate
+from snapeval.generation import Generation, Sampling, generate_draws
 from snapeval.models import ModelSpec, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window
 from snapeval.results import ResultsDB, config_hash
 from snapeval.stats import mean_ci
-from snapeval.tasks import AnswerPass, Prompt, load_task
+from snapeval.tasks import AnswerPass, EvalTask, Prompt, load_task
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,10 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         value = task.get(key)
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise SnapevalError(f"must be a positive integer, got {value}", f"task.{key}")
-    num_samples = cfg["generation"]["num_samples"]
-    if not isinstance(num_samples, int) or num_samples <= 0:
-        raise SnapevalError(f"must be a positive integer, got {num_samples}", "generation.num_samples")
+    for key in ("num_samples", "draw_batch"):
+        value = cfg["generation"][key]
+        if not isinstance(value, int) or value <= 0:
+            raise SnapevalError(f"must be a positive integer, got {value}", f"generation.{key}")
     max_new = cfg["generation"].get("max_new_tokens")
     if max_new is not None and (not isinstance(max_new, int) or max_new <= 0):
         raise SnapevalError(f"must be a positive integer or null, got {max_new}", "generation.max_new_tokens")
@@ -150,13 +152,38 @@ class _Call:
     cache: SnapevalCache
     result: Generation
     output: str
+    kv_bytes: int  # this answer's share of the cache (draws decoded together share one)
 
 
-def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, digest: str, reference) -> None:
+def draw_groups(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
+    """Consecutive draws of one problem, at most ``size`` together (a lone prompt is its own group)."""
+    groups: list[list[Prompt]] = []
+    for prompt in prompts:
+        problem = prompt.metadata.get("problem")
+        last = groups[-1] if groups else None
+        if last and problem is not None and last[0].metadata.get("problem") == problem and len(last) < size:
+            last.append(prompt)
+        else:
+            groups.append([prompt])
+    return groups
+
+
+def _evaluate(
+    cfg: Mapping[str, Any],
+    spec: ModelSpec,
+    task: EvalTask,
+    todo: list[Prompt],
+    db: ResultsDB,
+    run_id: int,
+    digest: str,
+    reference: Mapping[str, str],
+) -> None:
     """Generate, score and store each prompt; a two-pass task's answer call follows its first call.
 
-    A sample's timings and token counts add up both calls, its KV bytes are the larger cache;
-    ``prompt_tokens`` and the kept histogram describe the first (long-context) call.
+    Draws of one problem (``generation.num_samples``) share a prefill and decode together, up to
+    ``generation.draw_batch`` at a time. A sample's timings and token counts add up both calls, its KV
+    bytes are the larger of its calls'; ``prompt_tokens`` and the kept histogram describe the first
+    (long-context) call.
     """
     model = install(load_model(spec))
     tokenizer = load_tokenizer(spec)
@@ -164,55 +191,85 @@ def _evaluate(cfg, spec: ModelSpec, task, todo, db: ResultsDB, run_id: int, dige
     max_new_tokens = generation_cfg.get("max_new_tokens") or task.max_new_tokens
     stop_ids = _stop_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)
 
-    def call(messages: list[dict[str, str]], max_new: int, seed_key: str) -> _Call:
+    def call(messages: list[dict[str, str]], max_new: int, seed_keys: list[str]) -> list[_Call]:
         messages = fit_to_window(tokenizer, messages, spec.max_context - max_new, task.truncation)
         prompt_ids, compress_at = encode_with_split(tokenizer, messages, task.query_start)
         cache = build_cache(cfg["cache"], strict=False)
-        sampling = Sampling(
-            do_sample=generation_cfg["do_sample"],
-            temperature=generation_cfg["temperature"],
-            top_p=generation_cfg["top_p"],
-            seed=_sample_seed(cfg["seed"], seed_key),
-        )
-        result = generate(model, prompt_ids, cache, max_new, stop_ids, sampling, compress_at)
-        output = tokenizer.decode(result.tokens, skip_special_tokens=True)
-        return _Call(prompt_ids, compress_at, cache, result, output)
+        samplings = [
+            Sampling(
+                do_sample=generation_cfg["do_sample"],
+                temperature=generation_cfg["temperature"],
+                top_p=generation_cfg["top_p"],
+                seed=_sample_seed(cfg["seed"], key),
+            )
+            for key in seed_keys
+        ]
+        results = generate_draws(model, prompt_ids, cache, max_new, stop_ids, samplings, compress_at)
+        kv_bytes = cache.kv_bytes() // len(results)
+        decode = tokenizer.decode
+        return [
+            _Call(prompt_ids, compress_at, cache, r, decode(r.tokens, skip_special_tokens=True), kv_bytes)
+            for r in results
+        ]
 
-    for prompt in tqdm(
-        todo, desc=f"{task.name} [{cfg['cache']['method']}]", disable=not cfg.get("progress", True)
-    ):
-        calls = [call(prompt.messages, max_new_tokens, prompt.id)]
-        if task.answer_pass:
-            answer_messages = task.answer_pass.messages(prompt, calls[0].output)
-            calls.append(call(answer_messages, task.answer_pass.max_new_tokens, f"{prompt.id}#answer"))
-        first, output = calls[0], calls[-1].output
-        metrics = task.score(prompt, output)
-        extra = {**prompt.metadata, "compressed_prompt_tokens": first.compress_at or len(first.prompt_ids)}
-        if first.cache.method != "full":
-            extra["kept_histogram"] = first.cache.kept_histogram(len(first.prompt_ids))
-        if task.answer_pass:
-            extra["reasoning"] = first.output
-            extra["calls"] = [_call_record(c) for c in calls]
-        if prompt.id in reference:
-            extra["fidelity"] = fidelity(tokenizer, output, reference[prompt.id])
-        db.add_sample(
-            run_id,
-            digest,
-            {
-                "sample_id": prompt.id,
-                "prompt_tokens": len(first.prompt_ids),
-                "output": output,
-                "target": prompt.target,
-                "score": metrics["score"],
-                "metrics": metrics,
-                "prefill_s": sum(c.result.prefill_s for c in calls),
-                "decode_s": sum(c.result.decode_s for c in calls),
-                "generated_tokens": sum(len(c.result.tokens) for c in calls),
-                "peak_memory_bytes": _peak_memory_bytes(model.device),
-                "kv_bytes": max(c.cache.kv_bytes() for c in calls),
-                "extra": extra,
-            },
-        )
+    progress = tqdm(
+        total=len(todo), desc=f"{task.name} [{cfg['cache']['method']}]", disable=not cfg.get("progress", True)
+    )
+    for group in draw_groups(todo, generation_cfg["draw_batch"]):
+        firsts = call(group[0].messages, max_new_tokens, [prompt.id for prompt in group])
+        for prompt, first in zip(group, firsts, strict=True):
+            calls = [first]
+            if task.answer_pass:
+                answer_messages = task.answer_pass.messages(prompt, first.output)
+                calls += call(answer_messages, task.answer_pass.max_new_tokens, [f"{prompt.id}#answer"])
+            _store(db, run_id, digest, task, prompt, calls, reference, tokenizer, model.device, len(group))
+            progress.update()
+    progress.close()
+
+
+def _store(
+    db: ResultsDB,
+    run_id: int,
+    digest: str,
+    task: EvalTask,
+    prompt: Prompt,
+    calls: list[_Call],
+    reference: Mapping[str, str],
+    tokenizer: PreTrainedTokenizerBase,
+    device: torch.device,
+    batch: int,
+) -> None:
+    """Score a prompt's final output and commit the sample with its calls' measurements."""
+    first, output = calls[0], calls[-1].output
+    metrics = task.score(prompt, output)
+    extra = {**prompt.metadata, "compressed_prompt_tokens": first.compress_at or len(first.prompt_ids)}
+    if batch > 1:
+        extra["draw_batch"] = batch
+    if first.cache.method != "full":
+        extra["kept_histogram"] = first.cache.kept_histogram(len(first.prompt_ids))
+    if task.answer_pass:
+        extra["reasoning"] = first.output
+        extra["calls"] = [_call_record(c) for c in calls]
+    if prompt.id in reference:
+        extra["fidelity"] = fidelity(tokenizer, output, reference[prompt.id])
+    db.add_sample(
+        run_id,
+        digest,
+        {
+            "sample_id": prompt.id,
+            "prompt_tokens": len(first.prompt_ids),
+            "output": output,
+            "target": prompt.target,
+            "score": metrics["score"],
+            "metrics": metrics,
+            "prefill_s": sum(c.result.prefill_s for c in calls),
+            "decode_s": sum(c.result.decode_s for c in calls),
+            "generated_tokens": sum(len(c.result.tokens) for c in calls),
+            "peak_memory_bytes": _peak_memory_bytes(device),
+            "kv_bytes": max(c.kv_bytes for c in calls),
+            "extra": extra,
+        },
+    )
 
 
 def _call_record(made: _Call) -> dict[str, Any]:
@@ -221,7 +278,7 @@ def _call_record(made: _Call) -> dict[str, Any]:
         "generated_tokens": len(made.result.tokens),
         "prefill_s": made.result.prefill_s,
         "decode_s": made.result.decode_s,
-        "kv_bytes": made.cache.kv_bytes(),
+        "kv_bytes": made.kv_bytes,
     }
 
 

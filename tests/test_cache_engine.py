@@ -8,6 +8,7 @@ from transformers import DynamicCache
 
 from snapeval.cache import SnapStreamCache, StreamingLLMCache, build_cache
 from snapeval.errors import SnapevalError
+from snapeval.generation import Sampling, generate, generate_draws
 from snapeval.models import encode_chat
 
 QUESTION = "List three facts about the Moon, then three facts about Mars, in full sentences."
@@ -151,3 +152,19 @@ def test_kept_histogram_is_the_share_of_each_prompt_region_still_held():
     histogram = cache.kept_histogram(prompt_length=100, bins=10)
     assert histogram["counts"] == pytest.approx([0.4, 0, 0, 0, 0, 0, 0, 0, 0.6, 1.0])
     assert histogram["bins"] == pytest.approx([i / 10 for i in range(11)])
+
+
+def test_draws_sharing_one_prefill_match_each_generated_alone(smollm):
+    """One prefill copied into a row per draw; the ring wraps; a greedy row rides with sampled ones."""
+    ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTION}])
+    samplings = [Sampling(do_sample=True, temperature=0.9, seed=seed) for seed in (1, 2, 3)] + [Sampling()]
+    stop = {smollm.tokenizer.eos_token_id}
+
+    def make():
+        return SnapStreamCache(budget=40, window=4, kernel=3, sinks=2, ring=16)
+
+    together = generate_draws(smollm.model, ids, make(), 40, stop, samplings)
+    alone = [generate(smollm.model, ids, make(), 40, stop, sampling) for sampling in samplings]
+    assert [draw.tokens for draw in together] == [draw.tokens for draw in alone]
+    assert len({tuple(draw.tokens) for draw in together}) == len(samplings)
+    assert max(len(draw.tokens) for draw in together) > 16  # past the ring's size

@@ -50,7 +50,7 @@ def test_snapstream_with_budget_over_prompt_gives_the_full_cache_outputs(smollm,
 def test_rerun_computes_only_missing_samples_and_survives_interruption(smollm, tmp_path, monkeypatch):
     overrides = ("task.context_length=512", "cache=snapstream", "cache.budget=256")
     calls = []
-    real_generate = runner.generate
+    real_generate = runner.generate_draws
 
     def interrupted_after_one(*args, **kwargs):
         if calls:
@@ -58,10 +58,10 @@ def test_rerun_computes_only_missing_samples_and_survives_interruption(smollm, t
         calls.append(1)
         return real_generate(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "generate", interrupted_after_one)
+    monkeypatch.setattr(runner, "generate_draws", interrupted_after_one)
     with pytest.raises(KeyboardInterrupt):
         runner.run(config(tmp_path, "task.limit=3", *overrides))
-    monkeypatch.setattr(runner, "generate", real_generate)
+    monkeypatch.setattr(runner, "generate_draws", real_generate)
     frame = load(tmp_path / "db.sqlite")
     assert len(frame) == 1 and frame["status"].iloc[0] == "interrupted"
 
@@ -86,3 +86,16 @@ def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path
     frame = load(tmp_path / "db.sqlite")
     assert summary.n == 4 and sorted(frame["sample_id"])[0].endswith("#0")
     assert {extra["draw"] for extra in frame["extra"]} == {0, 1}
+    assert {extra["draw_batch"] for extra in frame["extra"]} == {2}  # each problem's draws decoded together
+
+
+def test_draws_decoded_together_equal_draws_decoded_one_by_one(smollm, tmp_path):
+    draws = ("task.limit=1", "task.context_length=256", "task.max_new_tokens=10", "generation.num_samples=3")
+    sampled = ("generation.do_sample=true", "generation.temperature=0.8")
+    sampled += ("cache=snapstream", "cache.budget=128")
+    together = runner.run(config(tmp_path / "a", *draws, *sampled))
+    one_by_one = runner.run(config(tmp_path / "b", *draws, *sampled, "generation.draw_batch=1"))
+    assert together.config_hash == one_by_one.config_hash  # draw_batch changes how, not what
+    a, b = (load(path / "db.sqlite").sort_values("sample_id") for path in (tmp_path / "a", tmp_path / "b"))
+    assert list(a["output"]) == list(b["output"])
+    assert list(a["kv_bytes"]) == list(b["kv_bytes"]) == [128 * 30 * 3 * 64 * 2 * 4] * 3  # one answer's share

@@ -119,6 +119,13 @@ class KVLayer(CacheLayerMixin):
     def _write(self, slots: slice, states: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         self.keys[:, :, slots], self.values[:, :, slots], self.positions[:, :, slots] = states
 
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """``repeats`` copies of every batch row, in order: one prefill shared by several generations."""
+        if self.keys is not None:
+            self.keys = self.keys.repeat_interleave(repeats, dim=0)
+            self.values = self.values.repeat_interleave(repeats, dim=0)
+            self.positions = self.positions.repeat_interleave(repeats, dim=0)
+
     def attention_mask(self, query_length: int, num_heads: int) -> torch.Tensor | None:
         """(batch, num_heads, q, slots) bool: slots that are valid and not after the query; None if all."""
         if query_length == 1 and self._dense:
