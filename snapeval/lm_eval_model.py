@@ -10,7 +10,8 @@ Model arguments: ``pretrained`` (a snapeval model name such as ``smollm2-135m``,
 ``method`` (full | streaming_llm | snapkv | snapstream) and the method's parameters (``budget``,
 ``ratio``, ``window``, ``kernel``, ``pooling``, ``sinks``, ``ring``, ``gqa_reduce``), ``compression``
 (query_aware: the whole context is compressed; query_agnostic: the context up to the last occurrence of
-``query_start`` is compressed and the rest appended after), ``max_length`` (default: the model's window).
+``query_start`` is compressed and the rest appended after), ``max_length`` (default: the model's window),
+``draw_batch`` (identical requests, lm-eval's ``repeats``, decoded together after one prefill; default 8).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tqdm import tqdm
 
 from snapeval.cache import build_cache, install
 from snapeval.errors import SnapevalError
-from snapeval.generation import Sampling, continuation_logprob, generate
+from snapeval.generation import Sampling, continuation_logprob, generate_draws
 from snapeval.models import load_model, load_tokenizer, model_spec
 
 CACHE_PARAMETERS = (
@@ -56,6 +57,7 @@ class SnapStreamLM(LM):
         device: str | None = None,
         dtype: str | None = None,
         batch_size: int | str = 1,
+        draw_batch: int = 8,
         **cache_parameters: Any,
     ) -> None:
         super().__init__()
@@ -64,6 +66,9 @@ class SnapStreamLM(LM):
             raise SnapevalError(f"unknown model argument(s) {', '.join(unknown)}", "model_args")
         if compression not in COMPRESSIONS:
             raise SnapevalError(f"choose one of {', '.join(COMPRESSIONS)}", "compression")
+        if not isinstance(draw_batch, int) or draw_batch <= 0:
+            raise SnapevalError(f"must be a positive integer, got {draw_batch!r}", "draw_batch")
+        self.draw_batch = draw_batch
         self.cache_parameters = {
             "method": method,
             **{k: cache_parameters[k] for k in CACHE_PARAMETERS if k in cache_parameters},
@@ -133,39 +138,58 @@ class SnapStreamLM(LM):
         return results
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        outputs = []
-        for index, request in enumerate(tqdm(requests, disable=disable_tqdm, desc="generate_until")):
-            context, gen_kwargs = request.args
-            until = [s for s in (gen_kwargs.get("until") or []) if s]
-            max_new = int(gen_kwargs.get("max_gen_toks", 256))
-            context_ids, compress_at = self._split(context)
-            overflow = len(context_ids) + max_new - self.max_length
-            if overflow > 0:  # middle truncation, as LongBench's official pred.py
-                keep = len(context_ids) - overflow
-                context_ids = context_ids[: keep // 2] + context_ids[len(context_ids) - (keep - keep // 2) :]
-                compress_at = None
-            sampling = Sampling(
+        """Each request's answer; identical consecutive requests (lm-eval's ``repeats``) are draws of one
+        prompt: they share a prefill and decode together (up to ``draw_batch``), each with its own seed."""
+        outputs: list[str] = []
+        progress = tqdm(total=len(requests), disable=disable_tqdm, desc="generate_until")
+        for group in self._identical_runs(requests):
+            outputs += self._generate_group(group[0].args, first_index=len(outputs), count=len(group))
+            progress.update(len(group))
+        progress.close()
+        return outputs
+
+    def _identical_runs(self, requests) -> list[list]:
+        groups: list[list] = []
+        for request in requests:
+            if groups and groups[-1][0].args == request.args and len(groups[-1]) < self.draw_batch:
+                groups[-1].append(request)
+            else:
+                groups.append([request])
+        return groups
+
+    def _generate_group(self, args: tuple[str, dict], first_index: int, count: int) -> list[str]:
+        context, gen_kwargs = args
+        until = [s for s in (gen_kwargs.get("until") or []) if s]
+        max_new = int(gen_kwargs.get("max_gen_toks", 256))
+        context_ids, compress_at = self._split(context)
+        overflow = len(context_ids) + max_new - self.max_length
+        if overflow > 0:  # middle truncation, as LongBench's official pred.py
+            keep = len(context_ids) - overflow
+            context_ids = context_ids[: keep // 2] + context_ids[len(context_ids) - (keep - keep // 2) :]
+            compress_at = None
+        samplings = [
+            Sampling(
                 do_sample=bool(gen_kwargs.get("do_sample", False)),
                 temperature=float(gen_kwargs.get("temperature") or 1.0),
                 top_p=float(gen_kwargs.get("top_p") or 1.0),
-                # lm-eval's `repeats` sends identical requests: each needs its own draw
-                seed=int(gen_kwargs.get("seed") or 0) + index,
+                seed=int(gen_kwargs.get("seed") or 0) + first_index + row,  # a draw per request
             )
-            result = generate(
-                self.model,
-                context_ids,
-                self._cache(),
-                max_new,
-                {self.tokenizer.eos_token_id},
-                sampling,
-                compress_at,
-                should_stop=self._stop_check(until),
-            )
-            text = self.tokenizer.decode(result.tokens, skip_special_tokens=True)
-            for stop in until:
-                text = text.split(stop)[0]
-            outputs.append(text)
-        return outputs
+            for row in range(count)
+        ]
+        results = generate_draws(
+            self.model,
+            context_ids,
+            self._cache(),
+            max_new,
+            {self.tokenizer.eos_token_id},
+            samplings,
+            compress_at,
+            should_stop=self._stop_check(until),
+        )
+        texts = [self.tokenizer.decode(result.tokens, skip_special_tokens=True) for result in results]
+        for stop in until:
+            texts = [text.split(stop)[0] for text in texts]
+        return texts
 
     def _stop_check(self, until: list[str]):
         if not until:

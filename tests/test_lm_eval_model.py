@@ -69,6 +69,8 @@ def test_repeated_sampled_requests_are_different_draws_and_reproducible(full):
     prompt = full.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
     sampled = {"until": [], "max_gen_toks": 12, "do_sample": True, "temperature": 1.0}
     requests = [Instance("generate_until", doc={}, arguments=(prompt, sampled), idx=0) for _ in range(2)]
-    first = full.generate_until(requests, disable_tqdm=True)
+    first = full.generate_until(requests, disable_tqdm=True)  # decoded together: one prefill, two rows
     assert first[0] != first[1]
     assert full.generate_until(requests, disable_tqdm=True) == first
+    one_by_one = SnapStreamLM(pretrained="smollm2-135m", method="full", draw_batch=1)
+    assert one_by_one.generate_until(requests, disable_tqdm=True) == first
