@@ -15,6 +15,7 @@ import os
 import sys
 import zlib
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from itertools import cycle
 from pathlib import Path
 
@@ -222,9 +223,53 @@ def accuracy_vs_memory(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Pa
     return _save(fig, out, "accuracy_vs_memory")
 
 
+@dataclass(frozen=True)
+class KeptSeries:
+    """Share of the prompt kept per relative-position bin, for one method at one budget.
+
+    ``mean`` averages the cache settings run at that budget (windows, kernels, ...), each the mean of its
+    samples; ``low``/``high`` are the least and most any of them kept (equal to ``mean`` for one setting).
+    """
+
+    method: str
+    label: str
+    edges: list[float]
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    settings: int
+
+
+def kept_series(rows: pd.DataFrame, cache: list[str]) -> list[KeptSeries]:
+    """One :class:`KeptSeries` per method and budget of ``rows`` (samples with a ``kept_histogram``)."""
+    sizes = [column for column in ("cache.budget", "cache.ratio") if column in rows.columns]
+    series = []
+    for (method, *_), same_size in rows.groupby(["cache.method", *sizes], dropna=False, sort=True):
+        per_setting = np.array(
+            [
+                np.mean([histogram["counts"] for histogram in setting["kept_histogram"]], axis=0)
+                for _, setting in same_size.groupby(cache, dropna=False, sort=True)
+            ]
+        )
+        series.append(
+            KeptSeries(
+                method=method,
+                label=_setting_label(same_size.iloc[0]),
+                edges=same_size["kept_histogram"].iloc[0]["bins"],
+                mean=per_setting.mean(axis=0),
+                low=per_setting.min(axis=0),
+                high=per_setting.max(axis=0),
+                settings=len(per_setting),
+            )
+        )
+    return series
+
+
 @mpl.rc_context(PAPER_RC)
 def kept_positions(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Path]:
-    """Mean share of prompt positions kept per relative-position bin, per cache setting and experiment.
+    """Share of prompt positions kept per relative-position bin: a line per method and budget, and a band
+    over the settings run at that budget (windows, kernels, ...) when there are several; a panel per
+    experiment.
 
     Reads ``extra["kept_histogram"]`` of each sample: ``{"bins": [...], "counts": [...]}``, the
     ``len(counts) + 1`` bin edges in [0, 1] (as :func:`numpy.histogram` returns them) and the share of
@@ -240,13 +285,14 @@ def kept_positions(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Path]:
     panels = _panels(df, experiment)
     fig, axes = _grid(len(panels))
     for ax, (title, rows) in zip(axes, panels, strict=False):
-        for method, settings in rows.groupby("cache.method", sort=True):
-            groups = settings.groupby(cache, dropna=False, sort=True)
-            for (_, setting), linestyle in zip(groups, cycle(_LINESTYLES), strict=False):
-                edges = setting["kept_histogram"].iloc[0]["bins"]
-                kept = np.mean([histogram["counts"] for histogram in setting["kept_histogram"]], axis=0)
-                label = _setting_label(setting.iloc[0])
-                ax.stairs(kept, edges, color=method_color(method), linestyle=linestyle, label=label)
+        linestyles: dict[str, cycle] = {}
+        for kept in kept_series(rows, cache):
+            color = method_color(kept.method)
+            linestyle = next(linestyles.setdefault(kept.method, cycle(_LINESTYLES)))
+            label = kept.label + (f" (mean of {kept.settings} settings)" if kept.settings > 1 else "")
+            ax.stairs(kept.mean, kept.edges, color=color, linestyle=linestyle, label=label)
+            if kept.settings > 1:
+                ax.stairs(kept.high, kept.edges, baseline=kept.low, fill=True, color=color, alpha=_CI_ALPHA)
         ax.set(
             title=title, xlabel="Relative prompt position", ylabel="Share kept", xlim=(0, 1), ylim=(0, 1.02)
         )

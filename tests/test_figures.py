@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from snapeval.figures import (
@@ -11,6 +12,7 @@ from snapeval.figures import (
     accuracy_vs_budget,
     accuracy_vs_memory,
     kept_positions,
+    kept_series,
     main,
     pareto_front,
     window_kernel_heatmap,
@@ -120,3 +122,33 @@ def test_cli_without_a_database_fails_in_one_line(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.err.startswith("error: no results database at") and captured.err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_kept_positions_average_the_settings_of_a_budget_and_keep_their_spread():
+    def sample(budget, window, counts):
+        histogram = {"bins": [0.0, 0.5, 1.0], "counts": counts}
+        return {
+            "cache.method": "snapstream",
+            "cache.budget": budget,
+            "cache.window": window,
+            "kept_histogram": histogram,
+        }
+
+    rows = pd.DataFrame(
+        [
+            sample(256, 8, [1.0, 0.2]),
+            sample(256, 8, [0.8, 0.4]),
+            sample(256, 16, [0.4, 0.6]),
+            sample(384, 8, [1, 1]),
+        ]
+    )
+    small, large = kept_series(rows, ["cache.method", "cache.budget", "cache.window"])
+    assert (small.label, small.settings, large.label, large.settings) == (
+        "SnapStream 256",
+        2,
+        "SnapStream 384",
+        1,
+    )
+    np.testing.assert_allclose(small.mean, [0.65, 0.45])  # window 8: [0.9, 0.3] (two samples); 16: [0.4, 0.6]
+    np.testing.assert_allclose(small.low, [0.4, 0.3])
+    np.testing.assert_allclose(small.high, [0.9, 0.6])
