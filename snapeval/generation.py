@@ -107,26 +107,99 @@ def generate_draws(
     """Several answers to one prompt, decoded together: one per ``samplings`` entry.
 
     The prompt is prefilled (and compressed) once; the cache is then copied into one batch row per
-    answer, and the rows decode as one batch, each sampling from its own seed and stopping on its own
-    (as :func:`generate` describes). A row that has stopped rides along until all have. Each answer's
-    seconds are the batch's divided by the number of answers, so that they add up to the wall time.
+    answer, and the rows decode as one batch (see :func:`_decode`). Each answer's seconds are the
+    batch's divided by the number of answers, so that they add up to the wall time.
     """
     rows = len(samplings)
-    device = model.device
-    generators = [
-        torch.Generator(device=device).manual_seed(s.seed) if s.do_sample else None for s in samplings
-    ]
+    generators = _generators(samplings, model.device)
     start = time.perf_counter()
     last_logits = prompt_logits(model, prompt_ids, cache, compress_at)[-1]
     if rows > 1:
         cache.batch_repeat_interleave(rows)
-    next_tokens = [_next_token(last_logits, s, g) for s, g in zip(samplings, generators, strict=True)]
+    first = [_next_token(last_logits, s, g) for s, g in zip(samplings, generators, strict=True)]
+    _synchronize(model.device)
+    prefill_s = time.perf_counter() - start
+    start = time.perf_counter()
+    answers = _decode(model, cache, first, samplings, generators, max_new_tokens, stop_ids, should_stop)
+    decode_s = time.perf_counter() - start
+    return [Generation(tokens, prefill_s / rows, decode_s / rows) for tokens in answers]
+
+
+@torch.inference_mode()
+def generate_batch(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    cache: Cache,
+    max_new_tokens: int,
+    stop_ids: set[int],
+    samplings: Sequence[Sampling],
+    pad_token_id: int,
+) -> list[Generation]:
+    """Answers to several prompts, decoded together: one per prompt, ``samplings[i]`` for ``prompts[i]``.
+
+    The prompts are left-padded to one width and prefilled in one call (a snapeval cache never keeps
+    the padding); every row then decodes at its own positions (see :func:`_decode`). Each answer's
+    seconds are the batch's divided by its size.
+    """
+    device, width = model.device, max(map(len, prompts))
+    input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + list(p) for p in prompts], device=device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    generators = _generators(samplings, device)
+    start = time.perf_counter()
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    first = [
+        _next_token(logits[row], s, g) for row, (s, g) in enumerate(zip(samplings, generators, strict=True))
+    ]
     _synchronize(device)
     prefill_s = time.perf_counter() - start
+    start = time.perf_counter()
+    answers = _decode(
+        model,
+        cache,
+        first,
+        samplings,
+        generators,
+        max_new_tokens,
+        stop_ids,
+        next_positions=positions[:, -1] + 1,
+    )
+    decode_s = time.perf_counter() - start
+    return [Generation(tokens, prefill_s / len(prompts), decode_s / len(prompts)) for tokens in answers]
 
+
+def _generators(samplings: Sequence[Sampling], device: torch.device) -> list[torch.Generator | None]:
+    return [torch.Generator(device=device).manual_seed(s.seed) if s.do_sample else None for s in samplings]
+
+
+def _decode(
+    model: PreTrainedModel,
+    cache: Cache,
+    next_tokens: list[int],
+    samplings: Sequence[Sampling],
+    generators: Sequence[torch.Generator | None],
+    max_new_tokens: int,
+    stop_ids: set[int],
+    should_stop: Callable[[list[int]], bool] | None = None,
+    next_positions: torch.Tensor | None = None,
+) -> list[list[int]]:
+    """Decode every row of ``cache`` from its first token until all rows have stopped.
+
+    A row stops at a token of ``stop_ids`` (not kept), after ``max_new_tokens`` tokens, or when
+    ``should_stop(tokens)`` says so (tokens kept); a row that has stopped rides along until all have.
+    Each row samples from its own generator. ``next_positions`` (rows,) gives each row's next RoPE
+    position (left-padded rows); by default the cache's length decides, the same for every row.
+    """
+    rows, device = len(next_tokens), model.device
     answers: list[list[int]] = [[] for _ in range(rows)]
     active = [True] * rows
-    start = time.perf_counter()
     while True:
         for row, token in enumerate(next_tokens):
             if not active[row]:
@@ -140,14 +213,16 @@ def generate_draws(
         if not any(active):
             break
         step = torch.tensor([[token] for token in next_tokens], device=device)
-        logits = model(input_ids=step, past_key_values=cache, use_cache=True).logits[:, -1]
+        positions = {} if next_positions is None else {"position_ids": next_positions[:, None]}
+        logits = model(input_ids=step, past_key_values=cache, use_cache=True, **positions).logits[:, -1]
+        if next_positions is not None:
+            next_positions = next_positions + 1
         next_tokens = [
             _next_token(logits[row], samplings[row], generators[row]) if active[row] else next_tokens[row]
             for row in range(rows)
         ]
     _synchronize(device)
-    decode_s = time.perf_counter() - start
-    return [Generation(tokens, prefill_s / rows, decode_s / rows) for tokens in answers]
+    return answers
 
 
 @torch.inference_mode()

@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from snapeval.cache import SnapevalCache, build_cache, install
 from snapeval.errors import SnapevalError
-from snapeval.generation import Generation, Sampling, generate_draws
+from snapeval.generation import Generation, Sampling, generate_batch, generate_draws
 from snapeval.models import ModelSpec, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window
 from snapeval.results import ResultsDB, config_hash
@@ -52,7 +52,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         value = task.get(key)
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise SnapevalError(f"must be a positive integer, got {value}", f"task.{key}")
-    for key in ("num_samples", "draw_batch"):
+    for key in ("num_samples", "draw_batch", "batch_size"):
         value = cfg["generation"][key]
         if not isinstance(value, int) or value <= 0:
             raise SnapevalError(f"must be a positive integer, got {value}", f"generation.{key}")
@@ -152,7 +152,9 @@ class _Call:
     cache: SnapevalCache
     result: Generation
     output: str
-    kv_bytes: int  # this answer's share of the cache (draws decoded together share one)
+    kv_bytes: int  # this answer's share of the cache (answers decoded together share one)
+    row: int | None = None  # its row in a batch of different prompts, and that row's left padding
+    padding: int = 0
 
 
 def draw_groups(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
@@ -181,9 +183,10 @@ def _evaluate(
     """Generate, score and store each prompt; a two-pass task's answer call follows its first call.
 
     Draws of one problem (``generation.num_samples``) share a prefill and decode together, up to
-    ``generation.draw_batch`` at a time. A sample's timings and token counts add up both calls, its KV
-    bytes are the larger of its calls'; ``prompt_tokens`` and the kept histogram describe the first
-    (long-context) call.
+    ``generation.draw_batch`` at a time; otherwise ``generation.batch_size`` prompts are left-padded
+    into one batch (prompts split for query-agnostic compression go one by one). A sample's timings
+    and token counts add up both calls, its KV bytes are the larger of its calls' (a share of a
+    batch's cache); ``prompt_tokens`` and the kept histogram describe the first (long-context) call.
     """
     model = install(load_model(spec))
     tokenizer = load_tokenizer(spec)
@@ -191,32 +194,60 @@ def _evaluate(
     max_new_tokens = generation_cfg.get("max_new_tokens") or task.max_new_tokens
     stop_ids = _stop_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)
 
-    def call(messages: list[dict[str, str]], max_new: int, seed_keys: list[str]) -> list[_Call]:
+    def sampling(seed_key: str) -> Sampling:
+        return Sampling(
+            do_sample=generation_cfg["do_sample"],
+            temperature=generation_cfg["temperature"],
+            top_p=generation_cfg["top_p"],
+            seed=_sample_seed(cfg["seed"], seed_key),
+        )
+
+    def encode(
+        messages: list[dict[str, str]], max_new: int, query_start: str | None
+    ) -> tuple[list[int], int | None]:
         messages = fit_to_window(tokenizer, messages, spec.max_context - max_new, task.truncation)
-        prompt_ids, compress_at = encode_with_split(tokenizer, messages, task.query_start)
+        return encode_with_split(tokenizer, messages, query_start)
+
+    def call(messages: list[dict[str, str]], max_new: int, seed_keys: list[str]) -> list[_Call]:
+        """One prompt, one answer per seed key (draws share the prefill)."""
+        prompt_ids, compress_at = encode(messages, max_new, task.query_start)
         cache = build_cache(cfg["cache"], strict=False)
-        samplings = [
-            Sampling(
-                do_sample=generation_cfg["do_sample"],
-                temperature=generation_cfg["temperature"],
-                top_p=generation_cfg["top_p"],
-                seed=_sample_seed(cfg["seed"], key),
-            )
-            for key in seed_keys
-        ]
+        samplings = [sampling(key) for key in seed_keys]
         results = generate_draws(model, prompt_ids, cache, max_new, stop_ids, samplings, compress_at)
         kv_bytes = cache.kv_bytes() // len(results)
-        decode = tokenizer.decode
+        return [_Call(prompt_ids, compress_at, cache, r, text(r), kv_bytes) for r in results]
+
+    def call_batch(prompts: list[Prompt], max_new: int) -> list[_Call]:
+        """Different prompts, left-padded into one batch, an answer each."""
+        encoded = [encode(prompt.messages, max_new, None)[0] for prompt in prompts]
+        cache = build_cache(cfg["cache"], strict=False)
+        samplings = [sampling(prompt.id) for prompt in prompts]
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        results = generate_batch(model, encoded, cache, max_new, stop_ids, samplings, pad)
+        width, kv_bytes = max(map(len, encoded)), cache.kv_bytes() // len(results)
         return [
-            _Call(prompt_ids, compress_at, cache, r, decode(r.tokens, skip_special_tokens=True), kv_bytes)
-            for r in results
+            _Call(ids, None, cache, r, text(r), kv_bytes, row=row, padding=width - len(ids))
+            for row, (ids, r) in enumerate(zip(encoded, results, strict=True))
         ]
 
+    def text(result: Generation) -> str:
+        return tokenizer.decode(result.tokens, skip_special_tokens=True)
+
+    # prompts batch only when each has one answer and none is split for query-agnostic compression
+    batch_size = generation_cfg["batch_size"] if task.query_start is None else 1
+    batched = generation_cfg["num_samples"] == 1 and batch_size > 1
+    if batched:
+        groups = [todo[start : start + batch_size] for start in range(0, len(todo), batch_size)]
+    else:
+        groups = draw_groups(todo, generation_cfg["draw_batch"])
     progress = tqdm(
         total=len(todo), desc=f"{task.name} [{cfg['cache']['method']}]", disable=not cfg.get("progress", True)
     )
-    for group in draw_groups(todo, generation_cfg["draw_batch"]):
-        firsts = call(group[0].messages, max_new_tokens, [prompt.id for prompt in group])
+    for group in groups:
+        if batched:
+            firsts = call_batch(group, max_new_tokens)
+        else:
+            firsts = call(group[0].messages, max_new_tokens, [prompt.id for prompt in group])
         for prompt, first in zip(group, firsts, strict=True):
             calls = [first]
             if task.answer_pass:
@@ -244,9 +275,11 @@ def _store(
     metrics = task.score(prompt, output)
     extra = {**prompt.metadata, "compressed_prompt_tokens": first.compress_at or len(first.prompt_ids)}
     if batch > 1:
-        extra["draw_batch"] = batch
+        extra["decoded_together"] = batch
     if first.cache.method != "full":
-        extra["kept_histogram"] = first.cache.kept_histogram(len(first.prompt_ids))
+        extra["kept_histogram"] = first.cache.kept_histogram(
+            len(first.prompt_ids), row=first.row, padding=first.padding
+        )
     if task.answer_pass:
         extra["reasoning"] = first.output
         extra["calls"] = [_call_record(c) for c in calls]

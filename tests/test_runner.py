@@ -86,7 +86,9 @@ def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path
     frame = load(tmp_path / "db.sqlite")
     assert summary.n == 4 and sorted(frame["sample_id"])[0].endswith("#0")
     assert {extra["draw"] for extra in frame["extra"]} == {0, 1}
-    assert {extra["draw_batch"] for extra in frame["extra"]} == {2}  # each problem's draws decoded together
+    assert {extra["decoded_together"] for extra in frame["extra"]} == {
+        2
+    }  # each problem's draws decoded together
 
 
 def test_draws_decoded_together_equal_draws_decoded_one_by_one(smollm, tmp_path):
@@ -99,3 +101,19 @@ def test_draws_decoded_together_equal_draws_decoded_one_by_one(smollm, tmp_path)
     a, b = (load(path / "db.sqlite").sort_values("sample_id") for path in (tmp_path / "a", tmp_path / "b"))
     assert list(a["output"]) == list(b["output"])
     assert list(a["kv_bytes"]) == list(b["kv_bytes"]) == [128 * 30 * 3 * 64 * 2 * 4] * 3  # one answer's share
+
+
+def test_prompts_decoded_as_one_batch_equal_prompts_decoded_one_by_one(smollm, tmp_path):
+    setting = ("task.limit=3", "task.context_length=384", "task.max_new_tokens=12")
+    setting += ("cache=snapstream", "cache.budget=128", "cache.window=8")
+    batched = runner.run(config(tmp_path / "a", *setting, "generation.batch_size=3"))
+    one_by_one = runner.run(config(tmp_path / "b", *setting))
+    assert batched.config_hash == one_by_one.config_hash  # batch_size changes how, not what
+    a, b = (load(path / "db.sqlite").sort_values("sample_id") for path in (tmp_path / "a", tmp_path / "b"))
+    assert list(a["output"]) == list(b["output"])
+    assert list(a["prompt_tokens"]) == list(b["prompt_tokens"])
+    assert [extra["kept_histogram"] for extra in a["extra"]] == [
+        extra["kept_histogram"] for extra in b["extra"]
+    ]
+    assert {extra["decoded_together"] for extra in a["extra"]} == {3}
+    assert list(a["kv_bytes"]) == list(b["kv_bytes"]) == [128 * 30 * 3 * 64 * 2 * 4] * 3

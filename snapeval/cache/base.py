@@ -223,10 +223,16 @@ class SnapevalCache(Cache):
         rings = [layer.capacity - layer.ring_start for layer in self.layers if layer.capacity is not None]
         return min(rings) if rings else None
 
-    def kept_histogram(self, prompt_length: int, bins: int = 10) -> dict[str, list[float]]:
+    def kept_histogram(
+        self, prompt_length: int, bins: int = 10, row: int | None = None, padding: int = 0
+    ) -> dict[str, list[float]]:
         """Share of the prompt's tokens still held, per bin of relative prompt position, averaged over
-        layers, KV heads and batch rows: which parts of the prompt survive compression."""
+        layers, KV heads and batch rows (or one ``row``, whose prompt starts after ``padding`` columns):
+        which parts of the prompt survive compression."""
         positions = torch.stack([layer.positions for layer in self.layers])
+        if row is not None:
+            positions = positions[:, row : row + 1]
+        positions = torch.where(positions >= padding, positions - padding, EMPTY)
         prompt = positions[(positions >= 0) & (positions < prompt_length)].float()
         edges = torch.linspace(0, prompt_length, bins + 1)
         counts = torch.histogram(prompt.cpu(), bins=edges).hist

@@ -58,7 +58,7 @@ BUSY_TIMEOUT_MS = 30_000
 #: Config keys (dotted paths) that do not change what a sample's result is, left out of
 #: :func:`config_hash`: where results go, Hydra's own settings, progress display, the memory
 #: estimator's settings, and ``task.limit`` so that a run with a larger limit reuses the samples
-#: of a smaller one, and ``generation.draw_batch`` (how many answers decode together, not what they are).
+#: of a smaller one, and ``generation.draw_batch``/``batch_size`` (how many answers decode together).
 DEFAULT_IGNORED: tuple[str, ...] = (
     "db",
     "hydra",
@@ -66,6 +66,7 @@ DEFAULT_IGNORED: tuple[str, ...] = (
     "memory",
     "task.limit",
     "generation.draw_batch",
+    "generation.batch_size",
 )
 
 #: Short column names in :func:`load`, for the config keys that identify an experiment.
