@@ -134,6 +134,7 @@ def generate_batch(
     stop_ids: set[int],
     samplings: Sequence[Sampling],
     pad_token_id: int,
+    should_stop: Callable[[list[int]], bool] | None = None,
 ) -> list[Generation]:
     """Answers to several prompts, decoded together: one per prompt, ``samplings[i]`` for ``prompts[i]``.
 
@@ -169,6 +170,7 @@ def generate_batch(
         generators,
         max_new_tokens,
         stop_ids,
+        should_stop,
         next_positions=positions[:, -1] + 1,
     )
     decode_s = time.perf_counter() - start

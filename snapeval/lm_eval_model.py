@@ -11,7 +11,8 @@ Model arguments: ``pretrained`` (a snapeval model name such as ``smollm2-135m``,
 ``ratio``, ``window``, ``kernel``, ``pooling``, ``sinks``, ``ring``, ``gqa_reduce``), ``compression``
 (query_aware: the whole context is compressed; query_agnostic: the context up to the last occurrence of
 ``query_start`` is compressed and the rest appended after), ``max_length`` (default: the model's window),
-``draw_batch`` (identical requests, lm-eval's ``repeats``, decoded together after one prefill; default 8).
+``draw_batch`` (identical requests, lm-eval's ``repeats``, decoded together after one prefill; default 8);
+lm-eval's own ``--batch_size`` left-pads other requests into batches (an integer; ``auto`` means 1).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tqdm import tqdm
 
 from snapeval.cache import build_cache, install
 from snapeval.errors import SnapevalError
-from snapeval.generation import Sampling, continuation_logprob, generate_draws
+from snapeval.generation import Sampling, continuation_logprob, generate_batch, generate_draws
 from snapeval.models import load_model, load_tokenizer, model_spec
 
 CACHE_PARAMETERS = (
@@ -69,6 +70,7 @@ class SnapStreamLM(LM):
         if not isinstance(draw_batch, int) or draw_batch <= 0:
             raise SnapevalError(f"must be a positive integer, got {draw_batch!r}", "draw_batch")
         self.draw_batch = draw_batch
+        self.batch_size = _batch_size(batch_size)
         self.cache_parameters = {
             "method": method,
             **{k: cache_parameters[k] for k in CACHE_PARAMETERS if k in cache_parameters},
@@ -101,9 +103,13 @@ class SnapStreamLM(LM):
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def _splits(self, context: str) -> bool:
+        """Whether only the part of ``context`` before the query is compressed."""
+        return self.compression == "query_agnostic" and bool(self.query_start) and self.query_start in context
+
     def _split(self, context: str) -> tuple[list[int], int | None]:
         """Context ids and where compression happens: all of it, or up to the query."""
-        if self.compression == "query_agnostic" and self.query_start and self.query_start in context:
+        if self._splits(context):
             cut = context.rfind(self.query_start)
             head = self._encode(context[:cut])
             return head + self._encode(context[cut:]), len(head)
@@ -138,54 +144,76 @@ class SnapStreamLM(LM):
         return results
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Each request's answer; identical consecutive requests (lm-eval's ``repeats``) are draws of one
-        prompt: they share a prefill and decode together (up to ``draw_batch``), each with its own seed."""
+        """Each request's answer, decoded in groups of consecutive requests.
+
+        Identical requests (lm-eval's ``repeats``) are draws of one prompt: they share a prefill and
+        decode together, up to ``draw_batch``. Other requests with the same generation settings are
+        left-padded into batches of ``batch_size``. Every request samples from its own seed (the
+        generation ``seed`` plus its index), so answers do not depend on the grouping.
+        """
         outputs: list[str] = []
         progress = tqdm(total=len(requests), disable=disable_tqdm, desc="generate_until")
-        for group in self._identical_runs(requests):
-            outputs += self._generate_group(group[0].args, first_index=len(outputs), count=len(group))
+        for group in self._groups(requests):
+            outputs += self._generate(group, first_index=len(outputs))
             progress.update(len(group))
         progress.close()
         return outputs
 
-    def _identical_runs(self, requests) -> list[list]:
+    def _groups(self, requests) -> list[list]:
         groups: list[list] = []
         for request in requests:
-            if groups and groups[-1][0].args == request.args and len(groups[-1]) < self.draw_batch:
-                groups[-1].append(request)
+            last = groups[-1] if groups else []
+            draws = bool(last) and all(other.args == request.args for other in last)
+            batchable = (
+                self.batch_size > 1
+                and bool(last)
+                and last[0].args[1] == request.args[1]
+                and not self._splits(request.args[0])
+                and not self._splits(last[0].args[0])
+            )
+            if (draws and len(last) < self.draw_batch) or (batchable and len(last) < self.batch_size):
+                last.append(request)
             else:
                 groups.append([request])
         return groups
 
-    def _generate_group(self, args: tuple[str, dict], first_index: int, count: int) -> list[str]:
-        context, gen_kwargs = args
-        until = [s for s in (gen_kwargs.get("until") or []) if s]
-        max_new = int(gen_kwargs.get("max_gen_toks", 256))
+    def _prompt_ids(self, context: str, max_new: int) -> tuple[list[int], int | None]:
+        """The context's ids, middle-truncated to leave ``max_new`` tokens of the window (as LongBench's
+        official pred.py), and where compression happens."""
         context_ids, compress_at = self._split(context)
         overflow = len(context_ids) + max_new - self.max_length
-        if overflow > 0:  # middle truncation, as LongBench's official pred.py
+        if overflow > 0:
             keep = len(context_ids) - overflow
             context_ids = context_ids[: keep // 2] + context_ids[len(context_ids) - (keep - keep // 2) :]
             compress_at = None
+        return context_ids, compress_at
+
+    def _generate(self, group: list, first_index: int) -> list[str]:
+        gen_kwargs = group[0].args[1]
+        until = [s for s in (gen_kwargs.get("until") or []) if s]
+        max_new = int(gen_kwargs.get("max_gen_toks", 256))
         samplings = [
             Sampling(
                 do_sample=bool(gen_kwargs.get("do_sample", False)),
                 temperature=float(gen_kwargs.get("temperature") or 1.0),
                 top_p=float(gen_kwargs.get("top_p") or 1.0),
-                seed=int(gen_kwargs.get("seed") or 0) + first_index + row,  # a draw per request
+                seed=int(gen_kwargs.get("seed") or 0) + first_index + row,
             )
-            for row in range(count)
+            for row in range(len(group))
         ]
-        results = generate_draws(
-            self.model,
-            context_ids,
-            self._cache(),
-            max_new,
-            {self.tokenizer.eos_token_id},
-            samplings,
-            compress_at,
-            should_stop=self._stop_check(until),
-        )
+        stops, should_stop = {self.tokenizer.eos_token_id}, self._stop_check(until)
+        if all(request.args == group[0].args for request in group):
+            ids, compress_at = self._prompt_ids(group[0].args[0], max_new)
+            results = generate_draws(
+                self.model, ids, self._cache(), max_new, stops, samplings, compress_at, should_stop
+            )
+        else:
+            prompts = [self._prompt_ids(request.args[0], max_new)[0] for request in group]
+            pad = self.tokenizer.pad_token_id
+            pad = self.tokenizer.eos_token_id if pad is None else pad
+            results = generate_batch(
+                self.model, prompts, self._cache(), max_new, stops, samplings, pad, should_stop
+            )
         texts = [self.tokenizer.decode(result.tokens, skip_special_tokens=True) for result in results]
         for stop in until:
             texts = [text.split(stop)[0] for text in texts]
@@ -201,3 +229,17 @@ class SnapStreamLM(LM):
             return any(stop in tail for stop in until)
 
         return should_stop
+
+
+def _batch_size(value: int | str) -> int:
+    """lm-eval's ``--batch_size``: an integer, or ``auto``/``auto:N`` (not supported: 1, with a warning)."""
+    if str(value).startswith("auto"):
+        logging.getLogger(__name__).warning("batch_size=%s is not supported: using 1", value)
+        return 1
+    try:
+        size = int(value)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise SnapevalError(f"must be a positive integer or auto, got {value!r}", "batch_size")
+    return size
