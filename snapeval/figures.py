@@ -27,8 +27,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from snapeval.errors import SnapevalError
-from snapeval.results import ALIASES, DB_ENV_VAR, DEFAULT_DB, DEFAULT_IGNORED, load, samples
-from snapeval.stats import mean_ci
+from snapeval.results import ALIASES, DB_ENV_VAR, DEFAULT_DB, DEFAULT_IGNORED, load, samples, summarize
 
 DEFAULT_OUT = Path("results/figures")
 
@@ -321,21 +320,7 @@ def _settings(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[str]]:
 def _results(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[str]]:
     """Accuracy and KV size per setting, with the experiment and cache columns of :func:`_settings`."""
     df, experiment, cache = _settings(df)
-    config = experiment + cache
-    rows = []
-    for key, group in df.groupby(config, dropna=False, sort=True):
-        accuracy, low, high = mean_ci(group["score"].dropna())
-        rows.append(
-            {
-                **dict(zip(config, key, strict=True)),
-                "accuracy": accuracy,
-                "ci_low": low,
-                "ci_high": high,
-                "n": int(group["score"].notna().sum()),
-                "kv_mib": group["kv_bytes"].mean() / 2**20,
-            }
-        )
-    return pd.DataFrame(rows), experiment, cache
+    return summarize(df, experiment + cache), experiment, cache
 
 
 def _is_config(column: str) -> bool:

@@ -17,7 +17,7 @@ import os
 import platform
 import socket
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -388,12 +388,13 @@ def load_memory(url_or_path: str | os.PathLike[str] | None = None) -> pd.DataFra
         return db.memory_dataframe()
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Accuracy with its confidence interval, KV size and speed per experiment (see :data:`ALIASES`).
+def summarize(df: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.DataFrame:
+    """Accuracy with its confidence interval, KV size and speed per group of ``keys`` (by default the
+    experiment columns of :data:`ALIASES` that ``df`` has).
 
     ``decode_tok_s`` is the total of generated tokens over the total decode time.
     """
-    keys = [alias for alias in ALIASES if alias in df.columns]
+    keys = list(keys) if keys is not None else [alias for alias in ALIASES if alias in df.columns]
     groups = df.groupby(keys, dropna=False, sort=True) if keys else [((), df)]
     rows = []
     for key, group in groups:
