@@ -137,7 +137,8 @@ def accuracy_vs_budget(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Pa
 
 @mpl.rc_context(PAPER_RC)
 def window_kernel_heatmap(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Path]:
-    """Accuracy over observation window x pooling kernel, one panel per method, budget and experiment.
+    """Accuracy over observation window x pooling kernel, one panel per method, budget and experiment;
+    each cell shows the accuracy, its 95% interval and n.
 
     A panel needs at least two windows and two kernels under otherwise equal settings.
     """
@@ -162,12 +163,19 @@ def window_kernel_heatmap(df: pd.DataFrame, out: str | os.PathLike[str]) -> list
     ]
     fig, axes = _grid(len(grids))
     for ax, (title, setting), heading in zip(axes, grids, headings, strict=False):
-        accuracy = setting.pivot(index="cache.window", columns="cache.kernel", values="accuracy")
+        cells = {
+            values: setting.pivot(index="cache.window", columns="cache.kernel", values=values)
+            for values in ("accuracy", "ci_low", "ci_high", "n")
+        }
+        accuracy = cells["accuracy"]
+        low, high, n = (cells[values].to_numpy() for values in ("ci_low", "ci_high", "n"))
         image = ax.imshow(accuracy.to_numpy(), vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
         for (row, column), value in np.ndenumerate(accuracy.to_numpy()):
             if not np.isnan(value):
+                interval = f"[{low[row, column]:.2f}, {high[row, column]:.2f}]"
                 color = "black" if value > 0.6 else "white"
-                ax.text(column, row, f"{value:.2f}", ha="center", va="center", color=color, fontsize=6)
+                text = f"{value:.2f}\n{interval}\nn={n[row, column]:.0f}"
+                ax.text(column, row, text, ha="center", va="center", color=color, fontsize=5)
         ax.set_xticks(range(accuracy.shape[1]), [_format(kernel) for kernel in accuracy.columns])
         ax.set_yticks(range(accuracy.shape[0]), [_format(window) for window in accuracy.index])
         ax.grid(False)
