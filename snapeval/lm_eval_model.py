@@ -28,7 +28,8 @@ from tqdm import tqdm
 from snapeval.cache import build_cache, install
 from snapeval.errors import SnapevalError
 from snapeval.generation import Sampling, continuation_logprob, generate_batch, generate_draws
-from snapeval.models import load_model, load_tokenizer, model_spec
+from snapeval.models import load_model, load_tokenizer, model_spec, pad_token_id
+from snapeval.prompting import truncate_middle
 
 CACHE_PARAMETERS = (
     "budget",
@@ -181,11 +182,8 @@ class SnapStreamLM(LM):
         """The context's ids, middle-truncated to leave ``max_new`` tokens of the window (as LongBench's
         official pred.py), and where compression happens."""
         context_ids, compress_at = self._split(context)
-        overflow = len(context_ids) + max_new - self.max_length
-        if overflow > 0:
-            keep = len(context_ids) - overflow
-            context_ids = context_ids[: keep // 2] + context_ids[len(context_ids) - (keep - keep // 2) :]
-            compress_at = None
+        if len(context_ids) + max_new > self.max_length:
+            return truncate_middle(context_ids, self.max_length - max_new), None
         return context_ids, compress_at
 
     def _generate(self, group: list, first_index: int) -> list[str]:
@@ -209,8 +207,7 @@ class SnapStreamLM(LM):
             )
         else:
             prompts = [self._prompt_ids(request.args[0], max_new)[0] for request in group]
-            pad = self.tokenizer.pad_token_id
-            pad = self.tokenizer.eos_token_id if pad is None else pad
+            pad = pad_token_id(self.tokenizer)
             results = generate_batch(
                 self.model, prompts, self._cache(), max_new, stops, samplings, pad, should_stop
             )

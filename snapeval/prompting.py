@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from transformers import PreTrainedTokenizerBase
 
 from snapeval.errors import SnapevalError
@@ -52,3 +54,13 @@ def encode_with_split(
     context = tokenizer(text[:cut], add_special_tokens=False)["input_ids"]
     query = tokenizer(text[cut:], add_special_tokens=False)["input_ids"]
     return context + query, len(context)
+
+
+def truncate_middle(token_ids: Sequence[int], max_len: int) -> list[int]:
+    """At most ``max_len`` tokens: the first ``max_len // 2`` and the rest from the end (as pred.py)."""
+    if max_len < 1:
+        raise ValueError(f"max_len must be positive, got {max_len}")
+    if len(token_ids) <= max_len:
+        return list(token_ids)
+    head = max_len // 2
+    return [*token_ids[:head], *token_ids[len(token_ids) - (max_len - head) :]]

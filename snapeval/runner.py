@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 from snapeval.cache import SnapevalCache, build_cache, install
 from snapeval.errors import SnapevalError
 from snapeval.generation import Generation, Sampling, generate_batch, generate_draws
-from snapeval.models import ModelSpec, load_model, load_tokenizer
+from snapeval.models import ModelSpec, load_model, load_tokenizer, pad_token_id
 from snapeval.prompting import encode_with_split, fit_to_window
 from snapeval.results import ResultsDB, config_hash
 from snapeval.stats import mean_ci
@@ -222,8 +222,7 @@ def _evaluate(
         encoded = [encode(prompt.messages, max_new, None)[0] for prompt in prompts]
         cache = build_cache(cfg["cache"], strict=False)
         samplings = [sampling(prompt.id) for prompt in prompts]
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        results = generate_batch(model, encoded, cache, max_new, stop_ids, samplings, pad)
+        results = generate_batch(model, encoded, cache, max_new, stop_ids, samplings, pad_token_id(tokenizer))
         width, kv_bytes = max(map(len, encoded)), cache.kv_bytes() // len(results)
         return [
             _Call(ids, None, cache, r, text(r), kv_bytes, row=row, padding=width - len(ids))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from snapeval.benchmarks import after_reasoning
+from snapeval.prompting import truncate_middle  # noqa: F401  (part of this module's protocol)
 
 TEMPLATE_0SHOT = (
     "Please read the following text and answer the question below.\n\n"
@@ -68,16 +69,6 @@ def extract_answer(response: str) -> str | None:
         if match := pattern.search(text):
             return match[1]
     return None
-
-
-def truncate_middle(token_ids: Sequence[int], max_len: int) -> list[int]:
-    """At most ``max_len`` tokens: the first ``max_len // 2`` and the rest from the end (as pred.py)."""
-    if max_len < 1:
-        raise ValueError(f"max_len must be positive, got {max_len}")
-    if len(token_ids) <= max_len:
-        return list(token_ids)
-    head = max_len // 2
-    return [*token_ids[:head], *token_ids[len(token_ids) - (max_len - head) :]]
 
 
 def score(response: str, row: Mapping[str, Any]) -> dict[str, int | str | None]:
