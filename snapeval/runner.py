@@ -18,14 +18,18 @@ from tabulate import tabulate
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from snapeval.cache import SnapevalCache, build_cache, install
+from snapeval.cache import build_cache, install
+from snapeval.continuous import Answer, ContinuousBatcher, Request, compiles
 from snapeval.errors import SnapevalError
-from snapeval.generation import Generation, Sampling, generate_batch, generate_draws
-from snapeval.models import ModelSpec, load_model, load_tokenizer, pad_token_id
+from snapeval.models import ModelSpec, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window
 from snapeval.results import ResultsDB, config_hash
+from snapeval.sampling import Sampling
 from snapeval.stats import mean_ci
 from snapeval.tasks import AnswerPass, EvalTask, Prompt, load_task
+
+#: The random number generator of sampled answers (:mod:`snapeval.sampling`), stored with sampled runs.
+SAMPLER = "counter-hash-v1"
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         value = task.get(key)
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise SnapevalError(f"must be a positive integer, got {value}", f"task.{key}")
-    for key in ("num_samples", "draw_batch", "batch_size"):
+    for key in ("num_samples", "batch_size"):
         value = cfg["generation"][key]
         if not isinstance(value, int) or value <= 0:
             raise SnapevalError(f"must be a positive integer, got {value}", f"generation.{key}")
@@ -61,6 +65,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         raise SnapevalError(f"must be a positive integer or null, got {max_new}", "generation.max_new_tokens")
     if cfg["generation"]["do_sample"] and cfg["generation"]["temperature"] <= 0:
         raise SnapevalError("must be > 0 when sampling", "generation.temperature")
+    compiles(cfg["generation"]["compile"], torch.device("cpu"))  # checks the choice
     AnswerPass.from_config(task.get("answer_pass"))
 
 
@@ -68,6 +73,8 @@ def stored_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The config as recorded with results: the cache reduced to its effective parameters, no db URL."""
     stored = {key: value for key, value in cfg.items() if key not in ("db", "hydra", "memory", "job")}
     stored["cache"] = build_cache(cfg["cache"], strict=False).params()
+    if cfg["generation"]["do_sample"]:  # sampled answers come from this generator: not mixed on resume
+        stored["generation"] = {**cfg["generation"], "rng": SAMPLER}
     return stored
 
 
@@ -143,33 +150,6 @@ def fidelity(tokenizer, output: str, reference: str) -> dict[str, Any]:
     return {"exact": output == reference, "common_prefix_tokens": common, "reference_tokens": len(theirs)}
 
 
-@dataclass
-class _Call:
-    """One prefill + generation: what the model was given and what came back."""
-
-    prompt_ids: list[int]
-    compress_at: int | None
-    cache: SnapevalCache
-    result: Generation
-    output: str
-    kv_bytes: int  # this answer's share of the cache (answers decoded together share one)
-    row: int | None = None  # its row in a batch of different prompts, and that row's left padding
-    padding: int = 0
-
-
-def draw_groups(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
-    """Consecutive draws of one problem, at most ``size`` together (a lone prompt is its own group)."""
-    groups: list[list[Prompt]] = []
-    for prompt in prompts:
-        problem = prompt.metadata.get("problem")
-        last = groups[-1] if groups else None
-        if last and problem is not None and last[0].metadata.get("problem") == problem and len(last) < size:
-            last.append(prompt)
-        else:
-            groups.append([prompt])
-    return groups
-
-
 def _evaluate(
     cfg: Mapping[str, Any],
     spec: ModelSpec,
@@ -180,81 +160,74 @@ def _evaluate(
     digest: str,
     reference: Mapping[str, str],
 ) -> None:
-    """Generate, score and store each prompt; a two-pass task's answer call follows its first call.
+    """Generate, score and store each prompt through the continuous batcher; a two-pass task's answer
+    call is queued as soon as its first call ends.
 
-    Draws of one problem (``generation.num_samples``) share a prefill and decode together, up to
-    ``generation.draw_batch`` at a time; otherwise ``generation.batch_size`` prompts are left-padded
-    into one batch (prompts split for query-agnostic compression go one by one). A sample's timings
-    and token counts add up both calls, its KV bytes are the larger of its calls' (a share of a
-    batch's cache); ``prompt_tokens`` and the kept histogram describe the first (long-context) call.
+    ``generation.batch_size`` rows decode together; a row that ends takes the next request at once, and
+    the draws of one problem share one prefill. Each sample is committed the moment its last call ends.
+    A sample's timings and token counts add up its calls, its KV bytes are the larger of its calls';
+    ``prompt_tokens``, the kept histogram and the trace fields describe the first (long-context) call.
     """
     model = install(load_model(spec))
     tokenizer = load_tokenizer(spec)
     generation_cfg = cfg["generation"]
     max_new_tokens = generation_cfg.get("max_new_tokens") or task.max_new_tokens
-    stop_ids = _stop_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id)
+    stop_ids = frozenset(_stop_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id))
+    cache_params = dict(cfg["cache"])
+    encoded: dict[str | None, tuple[tuple[int, ...], int | None]] = {}
 
-    def sampling(seed_key: str) -> Sampling:
-        return Sampling(
+    def request(prompt: Prompt, messages, max_new: int, seed_key: str, calls: list[Answer]) -> Request:
+        # the draws of one problem share one encoding (and, in the batcher, one prefill)
+        key = str(prompt.metadata.get("problem", prompt.id)) if not calls else None
+        if key is None or key not in encoded:
+            fitted = fit_to_window(tokenizer, messages, spec.max_context - max_new, task.truncation)
+            ids, compress_at = encode_with_split(tokenizer, fitted, task.query_start)
+            encoded.clear()
+            encoded[key] = (tuple(ids), compress_at)
+        ids, compress_at = encoded[key]
+        sampling = Sampling(
             do_sample=generation_cfg["do_sample"],
             temperature=generation_cfg["temperature"],
             top_p=generation_cfg["top_p"],
             seed=_sample_seed(cfg["seed"], seed_key),
         )
+        return Request(ids, cache_params, max_new, sampling, stop_ids, compress_at, tag=(prompt, calls))
 
-    def encode(
-        messages: list[dict[str, str]], max_new: int, query_start: str | None
-    ) -> tuple[list[int], int | None]:
-        messages = fit_to_window(tokenizer, messages, spec.max_context - max_new, task.truncation)
-        return encode_with_split(tokenizer, messages, query_start)
-
-    def call(messages: list[dict[str, str]], max_new: int, seed_keys: list[str]) -> list[_Call]:
-        """One prompt, one answer per seed key (draws share the prefill)."""
-        prompt_ids, compress_at = encode(messages, max_new, task.query_start)
-        cache = build_cache(cfg["cache"], strict=False)
-        samplings = [sampling(key) for key in seed_keys]
-        results = generate_draws(model, prompt_ids, cache, max_new, stop_ids, samplings, compress_at)
-        kv_bytes = cache.kv_bytes() // len(results)
-        return [_Call(prompt_ids, compress_at, cache, r, text(r), kv_bytes) for r in results]
-
-    def call_batch(prompts: list[Prompt], max_new: int) -> list[_Call]:
-        """Different prompts, left-padded into one batch, an answer each."""
-        encoded = [encode(prompt.messages, max_new, None)[0] for prompt in prompts]
-        cache = build_cache(cfg["cache"], strict=False)
-        samplings = [sampling(prompt.id) for prompt in prompts]
-        results = generate_batch(model, encoded, cache, max_new, stop_ids, samplings, pad_token_id(tokenizer))
-        width, kv_bytes = max(map(len, encoded)), cache.kv_bytes() // len(results)
-        return [
-            _Call(ids, None, cache, r, text(r), kv_bytes, row=row, padding=width - len(ids))
-            for row, (ids, r) in enumerate(zip(encoded, results, strict=True))
-        ]
-
-    def text(result: Generation) -> str:
-        return tokenizer.decode(result.tokens, skip_special_tokens=True)
-
-    # prompts batch only when each has one answer and none is split for query-agnostic compression
-    batch_size = generation_cfg["batch_size"] if task.query_start is None else 1
-    batched = generation_cfg["num_samples"] == 1 and batch_size > 1
-    if batched:
-        groups = [todo[start : start + batch_size] for start in range(0, len(todo), batch_size)]
-    else:
-        groups = draw_groups(todo, generation_cfg["draw_batch"])
     progress = tqdm(
         total=len(todo), desc=f"{task.name} [{cfg['cache']['method']}]", disable=not cfg.get("progress", True)
     )
-    for group in groups:
-        if batched:
-            firsts = call_batch(group, max_new_tokens)
-        else:
-            firsts = call(group[0].messages, max_new_tokens, [prompt.id for prompt in group])
-        for prompt, first in zip(group, firsts, strict=True):
-            calls = [first]
-            if task.answer_pass:
-                answer_messages = task.answer_pass.messages(prompt, first.output)
-                calls += call(answer_messages, task.answer_pass.max_new_tokens, [f"{prompt.id}#answer"])
-            _store(db, run_id, digest, task, prompt, calls, reference, tokenizer, model.device, len(group))
-            progress.update()
+
+    def on_answer(answer: Answer) -> list[Request]:
+        prompt, calls = answer.request.tag
+        calls = [*calls, answer]
+        if task.answer_pass and len(calls) == 1:
+            messages = task.answer_pass.messages(prompt, _text(tokenizer, answer))
+            max_new = task.answer_pass.max_new_tokens
+            return [request(prompt, messages, max_new, f"{prompt.id}#answer", calls)]
+        _store(db, run_id, digest, task, prompt, calls, reference, tokenizer, model.device)
+        progress.update()
+        return []
+
+    batcher = ContinuousBatcher(model, generation_cfg["batch_size"], generation_cfg["compile"])
+    requests = [request(prompt, prompt.messages, max_new_tokens, prompt.id, []) for prompt in todo]
+    batcher.run(requests, on_answer)
     progress.close()
+
+
+def _text(tokenizer: PreTrainedTokenizerBase, answer: Answer, skip_special_tokens: bool = True) -> str:
+    return tokenizer.decode(answer.tokens, skip_special_tokens=skip_special_tokens)
+
+
+def trace(tokenizer: PreTrainedTokenizerBase, answer: Answer) -> dict[str, Any]:
+    """How a (reasoning) trace ended: its length, whether it hit ``max_new_tokens``, whether the
+    reasoning closed (``</think>`` appeared), and how often the cache's ring wrapped."""
+    return {
+        "generated_tokens": len(answer.tokens),
+        "stopped": answer.stopped,
+        "truncated": answer.stopped == "length",
+        "reasoning_closed": "</think>" in _text(tokenizer, answer, skip_special_tokens=False),
+        "ring_wraps": answer.ring_wraps,
+    }
 
 
 def _store(
@@ -263,24 +236,21 @@ def _store(
     digest: str,
     task: EvalTask,
     prompt: Prompt,
-    calls: list[_Call],
+    calls: list[Answer],
     reference: Mapping[str, str],
     tokenizer: PreTrainedTokenizerBase,
     device: torch.device,
-    batch: int,
 ) -> None:
     """Score a prompt's final output and commit the sample with its calls' measurements."""
-    first, output = calls[0], calls[-1].output
+    first, output = calls[0], _text(tokenizer, calls[-1])
     metrics = task.score(prompt, output)
-    extra = {**prompt.metadata, "compressed_prompt_tokens": first.compress_at or len(first.prompt_ids)}
-    if batch > 1:
-        extra["decoded_together"] = batch
-    if first.cache.method != "full":
-        extra["kept_histogram"] = first.cache.kept_histogram(
-            len(first.prompt_ids), row=first.row, padding=first.padding
-        )
+    prompt_ids, compress_at = first.request.prompt_ids, first.request.compress_at
+    extra = {**prompt.metadata, "compressed_prompt_tokens": compress_at or len(prompt_ids)}
+    extra["trace"] = trace(tokenizer, first)
+    if first.kept_histogram is not None:
+        extra["kept_histogram"] = first.kept_histogram
     if task.answer_pass:
-        extra["reasoning"] = first.output
+        extra["reasoning"] = _text(tokenizer, first)
         extra["calls"] = [_call_record(c) for c in calls]
     if prompt.id in reference:
         extra["fidelity"] = fidelity(tokenizer, output, reference[prompt.id])
@@ -289,14 +259,14 @@ def _store(
         digest,
         {
             "sample_id": prompt.id,
-            "prompt_tokens": len(first.prompt_ids),
+            "prompt_tokens": len(prompt_ids),
             "output": output,
             "target": prompt.target,
             "score": metrics["score"],
             "metrics": metrics,
-            "prefill_s": sum(c.result.prefill_s for c in calls),
-            "decode_s": sum(c.result.decode_s for c in calls),
-            "generated_tokens": sum(len(c.result.tokens) for c in calls),
+            "prefill_s": sum(c.prefill_s for c in calls),
+            "decode_s": sum(c.decode_s for c in calls),
+            "generated_tokens": sum(len(c.tokens) for c in calls),
             "peak_memory_bytes": _peak_memory_bytes(device),
             "kv_bytes": max(c.kv_bytes for c in calls),
             "extra": extra,
@@ -304,12 +274,13 @@ def _store(
     )
 
 
-def _call_record(made: _Call) -> dict[str, Any]:
+def _call_record(made: Answer) -> dict[str, Any]:
     return {
-        "prompt_tokens": len(made.prompt_ids),
-        "generated_tokens": len(made.result.tokens),
-        "prefill_s": made.result.prefill_s,
-        "decode_s": made.result.decode_s,
+        "prompt_tokens": len(made.request.prompt_ids),
+        "generated_tokens": len(made.tokens),
+        "stopped": made.stopped,
+        "prefill_s": made.prefill_s,
+        "decode_s": made.decode_s,
         "kv_bytes": made.kv_bytes,
     }
 

@@ -198,6 +198,11 @@ class SnapevalCache(Cache):
         hand_over(self, layer_idx)
         return keys, values
 
+    def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
+        """Slots one row needs at a fixed shape: ``prompt_length`` compressed prompt tokens, then
+        ``new_tokens`` appended (a query after the compressed part, and every token generated)."""
+        return prompt_length + new_tokens
+
     def awaiting_prefill(self, layer_idx: int) -> bool:
         return not self.layers[layer_idx].prefilled
 
@@ -233,16 +238,22 @@ class SnapevalCache(Cache):
         if row is not None:
             positions = positions[:, row : row + 1]
         positions = torch.where(positions >= padding, positions - padding, EMPTY)
-        prompt = positions[(positions >= 0) & (positions < prompt_length)].float()
-        edges = torch.linspace(0, prompt_length, bins + 1)
-        counts = torch.histogram(prompt.cpu(), bins=edges).hist
-        per_bin = torch.histogram(torch.arange(prompt_length, dtype=torch.float32), bins=edges).hist
-        share = counts / (per_bin.clamp(min=1) * positions[..., 0].numel())
-        return {"bins": (edges / prompt_length).tolist(), "counts": share.tolist()}
+        return histogram_of_kept(positions, prompt_length, bins)
 
     def kv_bytes(self) -> int:
         """Bytes of keys and values held, all layers."""
         return sum(layer.kv_bytes() for layer in self.layers)
+
+
+def histogram_of_kept(positions: torch.Tensor, prompt_length: int, bins: int = 10) -> dict[str, list[float]]:
+    """Share of a prompt's tokens held in ``positions`` (layers, batch, kv_heads, slots), per bin of
+    relative prompt position, averaged over layers, batch rows and KV heads."""
+    prompt = positions[(positions >= 0) & (positions < prompt_length)].float()
+    edges = torch.linspace(0, prompt_length, bins + 1)
+    counts = torch.histogram(prompt.cpu(), bins=edges).hist
+    per_bin = torch.histogram(torch.arange(prompt_length, dtype=torch.float32), bins=edges).hist
+    share = counts / (per_bin.clamp(min=1) * positions[..., 0].numel())
+    return {"bins": (edges / prompt_length).tolist(), "counts": share.tolist()}
 
 
 def resolve_budget(budget: int | None, ratio: float | None, prompt_length: int, minimum: int) -> int:

@@ -39,6 +39,10 @@ class SnapKVCache(SnapevalCache):
         self.budget, self.ratio, self.window = budget, ratio, window
         self.kernel, self.pooling, self.gqa_reduce = kernel, pooling, gqa_reduce
 
+    def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
+        budget = resolve_budget(self.budget, self.ratio, prompt_length, self.window + 1)
+        return min(prompt_length, budget) + new_tokens
+
     def select(
         self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
     ) -> Selection:

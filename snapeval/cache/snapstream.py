@@ -43,6 +43,11 @@ class SnapStreamCache(SnapevalCache):
         self.budget, self.ratio, self.window, self.kernel = budget, ratio, window, kernel
         self.pooling, self.sinks, self.ring, self.gqa_reduce = pooling, sinks, ring, gqa_reduce
 
+    def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
+        return resolve_budget(
+            self.budget, self.ratio, prompt_length, self.window + self.sinks + self.ring + 1
+        )
+
     def select(
         self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
     ) -> Selection:

@@ -6,6 +6,7 @@ import torch
 
 from snapeval.cache.attention import ROPE_INV_FREQ
 from snapeval.cache.base import EMPTY, KVLayer, Selection, SnapevalCache, resolve_budget
+from snapeval.cache.rope import rotate_keys
 from snapeval.cache.scoring import first_valid_columns, top_columns
 from snapeval.cache.validation import check_budget, check_count
 from snapeval.errors import SnapevalError
@@ -38,6 +39,9 @@ class StreamingLLMCache(SnapevalCache):
         super().__init__()
         self.budget, self.ratio, self.sinks, self.rerotate = budget, ratio, sinks, rerotate
 
+    def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
+        return resolve_budget(self.budget, self.ratio, prompt_length, self.sinks + 1)
+
     def select(
         self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
     ) -> Selection:
@@ -61,7 +65,7 @@ class StreamingLLMCache(SnapevalCache):
         if not self.rerotate or layer.ring_start == 0:
             return key
         inv_freq = _rope_frequencies(module, key.shape[-1])
-        sinks = _rotate(key[:, :, : layer.ring_start], _evicted(layer), inv_freq)
+        sinks = rotate_keys(key[:, :, : layer.ring_start], _evicted(layer), inv_freq)
         return torch.cat([sinks, key[:, :, layer.ring_start :]], dim=2)
 
 
@@ -81,15 +85,3 @@ def _rope_frequencies(module: torch.nn.Module, head_dim: int) -> torch.Tensor:
             "cache.rerotate",
         )
     return inv_freq
-
-
-def _rotate(keys: torch.Tensor, offset: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """RoPE keys (batch, kv_heads, n, d) moved ``offset`` (batch, kv_heads) positions forward.
-
-    transformers' convention: dimension i pairs with i + d/2, and both share frequency i. The keys already
-    carry the model's ``attention_scaling``; a rotation leaves it as it is.
-    """
-    angles = offset[..., None, None].float() * inv_freq.to(keys.device)
-    cos, sin = angles.cos().to(keys.dtype), angles.sin().to(keys.dtype)
-    first, second = keys.chunk(2, dim=-1)
-    return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)

@@ -58,7 +58,8 @@ BUSY_TIMEOUT_MS = 30_000
 #: Config keys (dotted paths) that do not change what a sample's result is, left out of
 #: :func:`config_hash`: where results go, Hydra's own settings, progress display, the memory
 #: estimator's settings, and ``task.limit`` so that a run with a larger limit reuses the samples
-#: of a smaller one, and ``generation.draw_batch``/``batch_size`` (how many answers decode together).
+#: of a smaller one, and how answers are decoded (``generation.batch_size``, ``compile``; the retired
+#: ``draw_batch``): every path gives the same answers.
 DEFAULT_IGNORED: tuple[str, ...] = (
     "db",
     "hydra",
@@ -67,6 +68,7 @@ DEFAULT_IGNORED: tuple[str, ...] = (
     "task.limit",
     "generation.draw_batch",
     "generation.batch_size",
+    "generation.compile",
 )
 
 #: Short column names in :func:`load`, for the config keys that identify an experiment.

@@ -1,0 +1,317 @@
+"""Continuous batching over a fixed-shape slot cache, with a decode step that compiles once.
+
+:class:`ContinuousBatcher` owns ``rows`` decode slots (a :class:`~snapeval.cache.slots.SlotCache`,
+allocated once for the largest request) and a queue of :class:`Request` s. Whenever a row is free, the
+next request is prefilled on its own into a fresh snapeval cache (which compresses itself), and that
+cache is copied into the row; requests with the same prompt and cache settings (the draws of one
+problem) share one prefill. Then one decode step advances every row by one token. A row that stops
+frees its slot for the next request at once: the batch never waits for its longest row.
+
+The decode step (tokens of every row -> next token of every row, sampling included) performs no host
+synchronisation and no branch on tensor values; :meth:`ContinuousBatcher.step` may be compiled
+(``torch.compile(fullgraph=True, dynamic=False)``, CUDA graphs on a GPU) and then runs every step of a
+run, refills and ring wrap-around included, from one graph. The loop reads the new tokens once per step
+to decide which rows stop.
+
+Every answer equals the one-by-one :func:`snapeval.generation.generate` (the same tokens; sampled rows
+draw their ``k``-th token from their own seed and counter ``k``, whatever row or batch they run in).
+Seconds are honest per answer: its prefill (shared prefills split among their draws) and, per step,
+the step's wall time divided among the rows that were decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from snapeval.cache import SnapevalCache, build_cache
+from snapeval.cache.slots import SlotCache
+from snapeval.errors import SnapevalError
+from snapeval.generation import prompt_logits, synchronize, take_token
+from snapeval.sampling import Sampling, sample_one, sample_tokens
+
+COMPILE_MODES = ("auto", "off", "on")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One answer to generate: a prompt, the cache settings to compress it with, and how to stop.
+
+    ``compress_at``: the prompt tokens before it are prefilled (and compressed) in one call, the rest
+    appended. ``tag``: anything the caller needs back with the answer.
+    """
+
+    prompt_ids: tuple[int, ...]
+    cache: Mapping[str, Any]
+    max_new_tokens: int
+    sampling: Sampling = Sampling()
+    stop_ids: frozenset[int] = frozenset()
+    compress_at: int | None = None
+    should_stop: Callable[[list[int]], bool] | None = None
+    tag: Any = None
+
+    def prefill_key(self) -> tuple:
+        return (self.prompt_ids, self.compress_at, tuple(sorted(self.cache.items())))
+
+
+@dataclass
+class Answer:
+    """A finished request: its tokens, why it stopped, and what it cost."""
+
+    request: Request
+    tokens: list[int]
+    stopped: str  # eos | length | stop
+    prefill_s: float
+    decode_s: float
+    kv_bytes: int  # the row's own slots (a growing method: those it filled)
+    ring_wraps: int  # times the row's ring came round to its first slot while decoding
+    kept_histogram: dict[str, list[float]] | None  # compressed methods: share of the prompt held
+
+
+@dataclass
+class _Row:
+    request: Request
+    method: str
+    fixed: bool  # a fixed-capacity method (its slots are its capacity)
+    slots: int
+    pinned: int
+    prefill_s: float
+    tokens: list[int] = field(default_factory=list)
+    decode_s: float = 0.0
+    fed: int = 0
+
+
+@dataclass
+class _RowSampling:
+    """Every row's sampling settings as device tensors, and whether any row samples / uses top-p
+    (Python flags: with neither, the step skips that work)."""
+
+    do_sample: torch.Tensor
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    seed: torch.Tensor
+    counter: torch.Tensor  # the index of the token each row draws next
+    sampling: bool = False
+    nucleus: bool = False
+
+    @classmethod
+    def empty(cls, rows: int, device: torch.device) -> _RowSampling:
+        flags = torch.zeros(rows, dtype=torch.bool, device=device)
+        ones, zeros = torch.ones(rows, device=device), torch.zeros(rows, dtype=torch.long, device=device)
+        return cls(flags, ones, ones.clone(), zeros, zeros.clone())
+
+    def set_row(self, index: int, sampling: Sampling) -> None:
+        self.do_sample[index] = sampling.do_sample
+        self.temperature[index] = sampling.temperature
+        self.top_p[index] = sampling.top_p
+        self.seed[index] = sampling.seed
+        self.counter[index] = 0
+        self.note(sampling)
+
+    def note(self, sampling: Sampling) -> None:
+        """Make the flags cover a row sampled so (a flag that changes makes a compiled step recompile)."""
+        self.sampling = self.sampling or sampling.do_sample
+        self.nucleus = self.nucleus or (sampling.do_sample and sampling.top_p < 1.0)
+
+
+@dataclass
+class _Prefill:
+    key: tuple
+    cache: SnapevalCache
+    logits: torch.Tensor
+    seconds: float  # this prefill's share per request
+
+
+def compiles(mode: str, device: torch.device) -> bool:
+    """Whether ``generation.compile`` = ``mode`` compiles the decode step on ``device``.
+
+    ``auto`` compiles on CUDA (where CUDA graphs remove the launch overhead that dominates a decode
+    step) and not on CPU, where compiling takes minutes and gains little (see benchmarks/README.md).
+    """
+    if mode not in COMPILE_MODES:
+        raise SnapevalError(f"choose one of {', '.join(COMPILE_MODES)}, got {mode!r}", "generation.compile")
+    return mode == "on" or (mode == "auto" and device.type == "cuda")
+
+
+class ContinuousBatcher:
+    """Generate answers for a queue of requests in ``rows`` slots, refilling each slot as it frees.
+
+    ``compile``: auto | off | on (see :func:`compiles`). ``refill`` false waits until every row has
+    stopped before admitting new requests: static batches at the same fixed shape (for comparison).
+    """
+
+    def __init__(self, model: PreTrainedModel, rows: int, compile: str = "off", refill: bool = True) -> None:
+        if not isinstance(rows, int) or rows <= 0:
+            raise SnapevalError(f"must be a positive integer, got {rows!r}", "generation.batch_size")
+        self.model, self.rows, self.refill = model, rows, refill
+        self.compiled = compiles(compile, model.device)
+        self.slots: SlotCache | None = None
+        self.steps = 0
+
+    # --- the decode step -------------------------------------------------------------------------
+    def step(self, slots: SlotCache, tokens: torch.Tensor, rows: _RowSampling) -> torch.Tensor:
+        """Feed one token per row; return each row's next token (rows,). Tensor operations only."""
+        slots.begin_step()
+        logits = self.model(
+            input_ids=tokens[:, None],
+            position_ids=slots.seen[:, None],
+            attention_mask=slots.mask(),
+            past_key_values=slots,
+            use_cache=True,
+        ).logits[:, -1]
+        slots.end_step()
+        rows.counter.add_(1)
+        return sample_tokens(
+            logits,
+            rows.do_sample,
+            rows.temperature,
+            rows.top_p,
+            rows.seed,
+            rows.counter,
+            sampling=rows.sampling,
+            nucleus=rows.nucleus,
+        )
+
+    # --- the run ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def run(
+        self, requests: Iterable[Request], on_answer: Callable[[Answer], Iterable[Request] | None]
+    ) -> None:
+        """Answer every request; ``on_answer`` gets each answer as soon as its row stops and may return
+        follow-up requests (a second pass), which are answered next."""
+        queue = deque(requests)
+        if not queue:
+            return
+        device = self.model.device
+        capacity = max(self._slots_needed(request) for request in queue)
+        self._ensure_slots(capacity)
+        slots = self.slots
+        shares = Counter(request.prefill_key() for request in queue)
+        state = _RowSampling.empty(self.rows, device)
+        for request in queue:  # settle the step's Python flags before it first compiles
+            state.note(request.sampling)
+            slots.any_rerotate |= (
+                bool(request.cache.get("rerotate")) and request.cache["method"] == "streaming_llm"
+            )
+        step = torch.compile(self.step, fullgraph=True, dynamic=False) if self.compiled else self.step
+        tokens = torch.zeros(self.rows, dtype=torch.long, device=device)
+        rows: list[_Row | None] = [None] * self.rows
+        last: _Prefill | None = None
+
+        def finish(index: int, stopped: str) -> None:
+            row = rows[index]
+            rows[index] = None
+            answer = self._answer(index, row, stopped)
+            follow_ups = list(on_answer(answer) or [])
+            for request in follow_ups:
+                shares[request.prefill_key()] += 1
+                if self._slots_needed(request) > slots.capacity:
+                    raise SnapevalError(
+                        f"a follow-up request needs {self._slots_needed(request)} slots, more than the "
+                        f"{slots.capacity} allocated for this run",
+                        "generation.max_new_tokens",
+                    )
+            queue.extendleft(reversed(follow_ups))
+
+        while True:
+            admit = self.refill or all(row is None for row in rows)
+            for index in range(self.rows):
+                while admit and rows[index] is None and queue:
+                    request = queue.popleft()
+                    last = self._prefill(request, last, shares)
+                    first = sample_one(last.logits, request.sampling, 0)
+                    rows[index] = self._load(index, request, last, state)
+                    stopped = take_token(
+                        rows[index].tokens,
+                        first,
+                        request.stop_ids,
+                        request.max_new_tokens,
+                        request.should_stop,
+                    )
+                    if stopped is not None:
+                        finish(index, stopped)
+                    else:
+                        tokens[index] = first
+            active = [index for index, row in enumerate(rows) if row is not None]
+            if not active:
+                if queue:
+                    continue
+                break
+            start = time.perf_counter()
+            tokens = step(slots, tokens, state).clone()
+            drawn = tokens.tolist()  # the step's one host synchronisation
+            elapsed = time.perf_counter() - start
+            self.steps += 1
+            for index in active:
+                row = rows[index]
+                row.decode_s += elapsed / len(active)
+                row.fed += 1
+                request = row.request
+                stopped = take_token(
+                    row.tokens, drawn[index], request.stop_ids, request.max_new_tokens, request.should_stop
+                )
+                if stopped is not None:
+                    finish(index, stopped)
+
+    # --- admission -------------------------------------------------------------------------------
+    def _slots_needed(self, request: Request) -> int:
+        split = request.compress_at or len(request.prompt_ids)
+        appended = len(request.prompt_ids) - split
+        cache = build_cache(request.cache, strict=False)
+        return cache.decode_slots(split, appended + request.max_new_tokens)
+
+    def _ensure_slots(self, capacity: int) -> None:
+        """Allocate the slot cache once; a later run reuses it while it is large enough."""
+        if self.slots is None or self.slots.capacity < capacity:
+            self.slots = SlotCache.for_model(self.model, self.rows, capacity)
+            if self.model.device.type == "cuda":  # CUDA graphs read these buffers at fixed addresses
+                for tensor in self.slots.tensors():
+                    torch._dynamo.mark_static_address(tensor)
+
+    def _prefill(self, request: Request, last: _Prefill | None, shares: Counter) -> _Prefill:
+        """The prefilled cache of ``request``: the last one when it has the same prompt and settings."""
+        key = request.prefill_key()
+        count, shares[key] = shares[key], shares[key] - 1
+        if last is not None and last.key == key:
+            return last
+        cache = build_cache(request.cache, strict=False)
+        start = time.perf_counter()
+        logits = prompt_logits(self.model, list(request.prompt_ids), cache, request.compress_at)[-1]
+        synchronize(self.model.device)
+        return _Prefill(key, cache, logits, (time.perf_counter() - start) / max(count, 1))
+
+    def _load(self, index: int, request: Request, prefill: _Prefill, state: _RowSampling) -> _Row:
+        appended = len(request.prompt_ids) - (request.compress_at or len(request.prompt_ids))
+        slots = self.slots.load_row(index, prefill.cache, appended + request.max_new_tokens)
+        state.set_row(index, request.sampling)
+        first = prefill.cache.layers[0]
+        return _Row(
+            request,
+            prefill.cache.method,
+            fixed=first.capacity is not None,
+            slots=slots,
+            pinned=first.keys.shape[2] if first.capacity is None else first.capacity,
+            prefill_s=prefill.seconds,
+        )
+
+    def _answer(self, index: int, row: _Row, stopped: str) -> Answer:
+        slot_bytes = self.slots.slot_bytes()
+        held = row.slots if row.fixed else row.pinned + row.fed
+        prompt_length = len(row.request.prompt_ids)
+        histogram = None if row.method == "full" else self.slots.kept_histogram(index, prompt_length)
+        return Answer(
+            row.request,
+            row.tokens,
+            stopped,
+            row.prefill_s,
+            row.decode_s,
+            kv_bytes=held * slot_bytes,
+            ring_wraps=int(self.slots.wraps[index]),
+            kept_histogram=histogram,
+        )
