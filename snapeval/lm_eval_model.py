@@ -11,8 +11,9 @@ Model arguments: ``pretrained`` (a snapeval model name such as ``smollm2-135m``,
 ``ratio``, ``window``, ``kernel``, ``pooling``, ``sinks``, ``ring``, ``gqa_reduce``), ``compression``
 (query_aware: the whole context is compressed; query_agnostic: the context up to the last occurrence of
 ``query_start`` is compressed and the rest appended after), ``max_length`` (default: the model's window),
-``draw_batch`` (identical requests, lm-eval's ``repeats``, decoded together after one prefill; default 8);
-lm-eval's own ``--batch_size`` left-pads other requests into batches (an integer; ``auto`` means 1).
+``compile`` (the decode step: auto | off | on). ``generate_until`` requests go through snapeval's continuous
+batcher: lm-eval's ``--batch_size`` rows decode together (an integer; ``auto`` means 8), each refilled as
+soon as its answer ends, and identical requests (lm-eval's ``repeats``) share one prefill.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from snapeval.cache import build_cache, install
+from snapeval.continuous import Answer, ContinuousBatcher, Request, compiles
 from snapeval.errors import SnapevalError
-from snapeval.generation import Sampling, continuation_logprob, generate_batch, generate_draws
-from snapeval.models import load_model, load_tokenizer, model_spec, pad_token_id
+from snapeval.generation import continuation_logprob
+from snapeval.models import load_model, load_tokenizer, model_spec
 from snapeval.prompting import truncate_middle
+from snapeval.sampling import Sampling
 
 CACHE_PARAMETERS = (
     "budget",
@@ -58,8 +61,8 @@ class SnapStreamLM(LM):
         max_length: int | None = None,
         device: str | None = None,
         dtype: str | None = None,
-        batch_size: int | str = 1,
-        draw_batch: int = 8,
+        batch_size: int | str = 8,
+        compile: str = "auto",
         **cache_parameters: Any,
     ) -> None:
         super().__init__()
@@ -68,10 +71,8 @@ class SnapStreamLM(LM):
             raise SnapevalError(f"unknown model argument(s) {', '.join(unknown)}", "model_args")
         if compression not in COMPRESSIONS:
             raise SnapevalError(f"choose one of {', '.join(COMPRESSIONS)}", "compression")
-        if not isinstance(draw_batch, int) or draw_batch <= 0:
-            raise SnapevalError(f"must be a positive integer, got {draw_batch!r}", "draw_batch")
-        self.draw_batch = draw_batch
         self.batch_size = _batch_size(batch_size)
+        compiles(compile, torch.device("cpu"))  # a bad choice fails before the model loads
         self.cache_parameters = {
             "method": method,
             **{k: cache_parameters[k] for k in CACHE_PARAMETERS if k in cache_parameters},
@@ -87,6 +88,7 @@ class SnapStreamLM(LM):
         self.model = install(load_model(spec))
         self.max_length = int(max_length or spec.max_context)
         self.compression, self.query_start = compression, query_start
+        self.batcher = ContinuousBatcher(self.model, self.batch_size, compile)
 
     # --- lm-eval's chat-template hooks ------------------------------------------------------------
     @property
@@ -145,38 +147,49 @@ class SnapStreamLM(LM):
         return results
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Each request's answer, decoded in groups of consecutive requests.
+        """Each request's answer, through the continuous batcher (see the module's docstring).
 
-        Identical requests (lm-eval's ``repeats``) are draws of one prompt: they share a prefill and
-        decode together, up to ``draw_batch``. Other requests with the same generation settings are
-        left-padded into batches of ``batch_size``. Every request samples from its own seed (the
-        generation ``seed`` plus its index), so answers do not depend on the grouping.
+        Request ``i`` samples from the generation ``seed`` plus ``i``, so answers do not depend on the
+        batch size or on which requests share a prefill.
         """
-        outputs: list[str] = []
+        outputs: list[str] = [""] * len(requests)
         progress = tqdm(total=len(requests), disable=disable_tqdm, desc="generate_until")
-        for group in self._groups(requests):
-            outputs += self._generate(group, first_index=len(outputs))
-            progress.update(len(group))
+
+        def on_answer(answer: Answer) -> None:
+            index, until = answer.request.tag
+            text = self.tokenizer.decode(answer.tokens, skip_special_tokens=True)
+            for stop in until:
+                text = text.split(stop)[0]
+            outputs[index] = text
+            progress.update()
+
+        self.batcher.run([self._request(index, r.args) for index, r in enumerate(requests)], on_answer)
         progress.close()
         return outputs
 
-    def _groups(self, requests) -> list[list]:
-        groups: list[list] = []
-        for request in requests:
-            last = groups[-1] if groups else []
-            draws = bool(last) and all(other.args == request.args for other in last)
-            batchable = (
-                self.batch_size > 1
-                and bool(last)
-                and last[0].args[1] == request.args[1]
-                and not self._splits(request.args[0])
-                and not self._splits(last[0].args[0])
-            )
-            if (draws and len(last) < self.draw_batch) or (batchable and len(last) < self.batch_size):
-                last.append(request)
-            else:
-                groups.append([request])
-        return groups
+    def _request(self, index: int, args: tuple[str, dict]) -> Request:
+        context, gen_kwargs = args
+        until = tuple(s for s in (gen_kwargs.get("until") or []) if s)
+        max_new = int(gen_kwargs.get("max_gen_toks", 256))
+        ids, compress_at = self._prompt_ids(context, max_new)
+        sampling = Sampling(
+            do_sample=bool(gen_kwargs.get("do_sample", False)),
+            temperature=float(gen_kwargs.get("temperature") or 1.0),
+            top_p=float(gen_kwargs.get("top_p") or 1.0),
+            seed=int(gen_kwargs.get("seed") or 0) + index,
+        )
+        stops = frozenset({self.tokenizer.eos_token_id})
+        should_stop = self._stop_check(list(until))
+        return Request(
+            tuple(ids),
+            self.cache_parameters,
+            max_new,
+            sampling,
+            stops,
+            compress_at,
+            should_stop,
+            (index, until),
+        )
 
     def _prompt_ids(self, context: str, max_new: int) -> tuple[list[int], int | None]:
         """The context's ids, middle-truncated to leave ``max_new`` tokens of the window (as LongBench's
@@ -185,36 +198,6 @@ class SnapStreamLM(LM):
         if len(context_ids) + max_new > self.max_length:
             return truncate_middle(context_ids, self.max_length - max_new), None
         return context_ids, compress_at
-
-    def _generate(self, group: list, first_index: int) -> list[str]:
-        gen_kwargs = group[0].args[1]
-        until = [s for s in (gen_kwargs.get("until") or []) if s]
-        max_new = int(gen_kwargs.get("max_gen_toks", 256))
-        samplings = [
-            Sampling(
-                do_sample=bool(gen_kwargs.get("do_sample", False)),
-                temperature=float(gen_kwargs.get("temperature") or 1.0),
-                top_p=float(gen_kwargs.get("top_p") or 1.0),
-                seed=int(gen_kwargs.get("seed") or 0) + first_index + row,
-            )
-            for row in range(len(group))
-        ]
-        stops, should_stop = {self.tokenizer.eos_token_id}, self._stop_check(until)
-        if all(request.args == group[0].args for request in group):
-            ids, compress_at = self._prompt_ids(group[0].args[0], max_new)
-            results = generate_draws(
-                self.model, ids, self._cache(), max_new, stops, samplings, compress_at, should_stop
-            )
-        else:
-            prompts = [self._prompt_ids(request.args[0], max_new)[0] for request in group]
-            pad = pad_token_id(self.tokenizer)
-            results = generate_batch(
-                self.model, prompts, self._cache(), max_new, stops, samplings, pad, should_stop
-            )
-        texts = [self.tokenizer.decode(result.tokens, skip_special_tokens=True) for result in results]
-        for stop in until:
-            texts = [text.split(stop)[0] for text in texts]
-        return texts
 
     def _stop_check(self, until: list[str]):
         if not until:
@@ -229,10 +212,11 @@ class SnapStreamLM(LM):
 
 
 def _batch_size(value: int | str) -> int:
-    """lm-eval's ``--batch_size``: an integer, or ``auto``/``auto:N`` (not supported: 1, with a warning)."""
+    """lm-eval's ``--batch_size``: an integer, or ``auto``/``auto:N`` (rows are not sized from memory
+    yet: 8, with a warning)."""
     if str(value).startswith("auto"):
-        logging.getLogger(__name__).warning("batch_size=%s is not supported: using 1", value)
-        return 1
+        logging.getLogger(__name__).warning("batch_size=%s is not supported: using 8", value)
+        return 8
     try:
         size = int(value)
     except ValueError:

@@ -8,7 +8,6 @@ from transformers import DynamicCache
 
 from snapeval.cache import SnapStreamCache, StreamingLLMCache, build_cache
 from snapeval.errors import SnapevalError
-from snapeval.generation import Sampling, generate, generate_batch, generate_draws
 from snapeval.models import encode_chat
 
 QUESTION = "List three facts about the Moon, then three facts about Mars, in full sentences."
@@ -152,40 +151,3 @@ def test_kept_histogram_is_the_share_of_each_prompt_region_still_held():
     histogram = cache.kept_histogram(prompt_length=100, bins=10)
     assert histogram["counts"] == pytest.approx([0.4, 0, 0, 0, 0, 0, 0, 0, 0.6, 1.0])
     assert histogram["bins"] == pytest.approx([i / 10 for i in range(11)])
-
-
-def test_draws_sharing_one_prefill_match_each_generated_alone(smollm):
-    """One prefill copied into a row per draw; the ring wraps; a greedy row rides with sampled ones."""
-    ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTION}])
-    samplings = [Sampling(do_sample=True, temperature=0.9, seed=seed) for seed in (1, 2, 3)] + [Sampling()]
-    stop = {smollm.tokenizer.eos_token_id}
-
-    def make():
-        return SnapStreamCache(budget=40, window=4, kernel=3, sinks=2, ring=16)
-
-    together = generate_draws(smollm.model, ids, make(), 40, stop, samplings)
-    alone = [generate(smollm.model, ids, make(), 40, stop, sampling) for sampling in samplings]
-    assert [draw.tokens for draw in together] == [draw.tokens for draw in alone]
-    assert len({tuple(draw.tokens) for draw in together}) == len(samplings)
-    assert max(len(draw.tokens) for draw in together) > 16  # past the ring's size
-
-
-@pytest.mark.parametrize("method", ["full", "snapstream"])
-def test_prompts_decoded_as_one_left_padded_batch_match_each_generated_alone(smollm, method):
-    """Different lengths, one prefill call; each row decodes at its own positions; the ring wraps."""
-    questions = [QUESTION, "Name a colour.", "Write two sentences about rivers and the sea."]
-    prompts = [encode_chat(smollm.tokenizer, [{"role": "user", "content": q}]) for q in questions]
-    samplings = [Sampling(), Sampling(do_sample=True, temperature=0.9, seed=7), Sampling()]
-    stop = {smollm.tokenizer.eos_token_id}
-    params = {"method": method} | (
-        {"budget": 36, "window": 4, "kernel": 3, "sinks": 2, "ring": 16} if method != "full" else {}
-    )
-
-    pad = smollm.tokenizer.pad_token_id
-    together = generate_batch(smollm.model, prompts, build_cache(params), 30, stop, samplings, pad)
-    alone = [
-        generate(smollm.model, prompt, build_cache(params), 30, stop, sampling)
-        for prompt, sampling in zip(prompts, samplings, strict=True)
-    ]
-    assert [answer.tokens for answer in together] == [answer.tokens for answer in alone]
-    assert max(len(answer.tokens) for answer in together) > 16

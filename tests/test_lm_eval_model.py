@@ -73,12 +73,12 @@ def test_repeated_sampled_requests_are_different_draws_and_reproducible(full):
     first = full.generate_until(requests, disable_tqdm=True)  # decoded together: one prefill, two rows
     assert first[0] != first[1]
     assert full.generate_until(requests, disable_tqdm=True) == first
-    one_by_one = SnapStreamLM(pretrained="smollm2-135m", method="full", draw_batch=1)
+    one_by_one = SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size=1)
     assert one_by_one.generate_until(requests, disable_tqdm=True) == first
 
 
 def test_batch_size_batches_different_requests_with_the_same_answers(full):
-    """lm-eval's --batch_size: different prompts left-padded into one batch, answers as one by one."""
+    """lm-eval's --batch_size: rows of the continuous batcher, answers as one by one."""
     questions = ["Count from 1 to 20.", "Name three colours.", "What is the capital of France?"]
     requests = [
         Instance(
@@ -93,15 +93,14 @@ def test_batch_size_batches_different_requests_with_the_same_answers(full):
         for q in questions
     ]
     cache = {"method": "snapstream", "budget": 24, "window": 4, "kernel": 3, "ring": 8}
-    batched = SnapStreamLM(pretrained="smollm2-135m", batch_size="3", **cache)
-    assert [len(group) for group in batched._groups(requests)] == [3]
+    batched = SnapStreamLM(pretrained="smollm2-135m", batch_size="2", **cache)  # a row is refilled
     one_by_one = SnapStreamLM(pretrained="smollm2-135m", batch_size=1, **cache)
     answers = batched.generate_until(requests, disable_tqdm=True)
     assert answers == one_by_one.generate_until(requests, disable_tqdm=True)
     assert "Paris" in answers[2] and "7" not in answers[0]
 
 
-def test_batch_size_auto_falls_back_to_one_and_nonsense_is_refused():
-    assert SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size="auto:4").batch_size == 1
+def test_batch_size_auto_falls_back_to_eight_and_nonsense_is_refused():
+    assert SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size="auto:4").batch_size == 8
     with pytest.raises(SnapevalError, match="batch_size"):
         SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size="many")

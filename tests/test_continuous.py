@@ -1,0 +1,194 @@
+"""The fixed-shape slot cache and continuous batching against the plain one-by-one path.
+
+* Every method at a fixed shape gives the growing cache's logits (fp32, < 1e-4), step by step.
+* A mixed queue (prompt lengths, budgets, methods, greedy and sampled rows, rings that wrap, rows
+  refilled several times) gives exactly the tokens of :func:`generate` run on each request alone.
+* The compiled decode step runs hundreds of steps across refills and wrap-around from one graph, and
+  no buffer of the slot cache ever moves.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from snapeval.cache import build_cache, install
+from snapeval.cache.slots import SlotCache
+from snapeval.continuous import ContinuousBatcher, Request
+from snapeval.generation import generate, prompt_logits
+from snapeval.models import encode_chat
+from snapeval.sampling import Sampling
+
+TOLERANCE = 1e-4
+SNAPSTREAM = {"method": "snapstream", "budget": 40, "window": 4, "kernel": 3, "sinks": 2, "ring": 16}
+MIXED_METHODS = [
+    {"method": "full"},
+    SNAPSTREAM,
+    {"method": "snapkv", "budget": 30, "window": 4, "kernel": 3, "pooling": "avg"},
+    {"method": "streaming_llm", "budget": 24, "sinks": 2},
+    {"method": "snapstream", "budget": 56, "window": 8, "kernel": 5, "sinks": 4, "ring": 12},
+    {"method": "streaming_llm", "budget": 20, "sinks": 2, "rerotate": True},
+]
+QUESTIONS = [
+    "List three facts about the Moon, then three facts about Mars, in full sentences.",
+    "Name a colour.",
+    "Write two sentences about rivers and the sea.",
+    "Explain in a few sentences why the sky looks blue during the day and red at sunset.",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> torch.nn.Module:
+    """A 2-layer Llama with random weights (GQA 4/2): fast to compile."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+    )
+    return install(LlamaForCausalLM(config).eval())
+
+
+def random_requests(count: int, max_new: int, seed: int = 1) -> list[Request]:
+    generator = torch.Generator().manual_seed(seed)
+    requests = []
+    for index in range(count):
+        length = int(torch.randint(20, 90, (1,), generator=generator))
+        ids = tuple(torch.randint(0, 320, (length,), generator=generator).tolist())
+        sampling = Sampling(
+            do_sample=index % 2 == 1, temperature=0.9, top_p=0.9 if index % 4 == 1 else 1.0, seed=index
+        )
+        new = int(torch.randint(max_new // 4, max_new, (1,), generator=generator))
+        cache = MIXED_METHODS[index % len(MIXED_METHODS)]
+        requests.append(Request(ids, cache, new, sampling, frozenset({7}), tag=index))
+    return requests
+
+
+def answers(model, requests, rows, compile="off", refill=True):
+    batcher = ContinuousBatcher(model, rows, compile, refill)
+    got = {}
+    batcher.run(requests, lambda answer: got.__setitem__(answer.request.tag, answer))
+    return got, batcher
+
+
+def alone(model, request: Request):
+    return generate(
+        model,
+        list(request.prompt_ids),
+        build_cache(request.cache),
+        request.max_new_tokens,
+        set(request.stop_ids),
+        request.sampling,
+        request.compress_at,
+    )
+
+
+@pytest.mark.parametrize("params", MIXED_METHODS, ids=lambda p: p["method"] + str(p.get("budget", "")))
+def test_fixed_shape_rows_give_the_growing_caches_logits(smollm, params):
+    """Teacher-forced decode: one slot row (in a batch of 2, wider than needed) == the plain cache."""
+    ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTIONS[0]}])
+    forced = smollm.tokenizer(" The Moon orbits the Earth and Mars is red." * 3)["input_ids"][:40]
+    with torch.no_grad():
+        plain, prefilled = build_cache(params), build_cache(params)
+        prompt_logits(smollm.model, ids, plain)
+        prompt_logits(smollm.model, ids, prefilled)
+        slots = SlotCache.for_model(smollm.model, rows=2, capacity=len(ids) + 64)
+        slots.load_row(1, prefilled, new_tokens=len(forced))
+        for token in forced:
+            expected = smollm.model(input_ids=torch.tensor([[token]]), past_key_values=plain).logits[0, -1]
+            slots.begin_step()
+            logits = smollm.model(
+                input_ids=torch.tensor([[0], [token]]),
+                position_ids=slots.seen[:, None],
+                attention_mask=slots.mask(),
+                past_key_values=slots,
+            ).logits[1, -1]
+            slots.end_step()
+            assert (logits - expected).abs().max() < TOLERANCE
+    held, kept = slots.row_positions(1)[0], plain.kept_positions(0)[0]
+    for head in range(held.shape[0]):  # the row holds exactly the tokens the plain cache holds
+        assert sorted(held[head][held[head] >= 0].tolist()) == sorted(kept[head][kept[head] >= 0].tolist())
+
+
+def test_continuous_batching_equals_one_by_one_on_a_mixed_queue(smollm):
+    """Real model: 4 prompts x 6 methods, greedy and sampled, 3 rows refilled many times."""
+    requests = []
+    for index in range(12):
+        ids = tuple(encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTIONS[index % 4]}]))
+        sampling = Sampling(do_sample=index % 3 == 1, temperature=0.8, top_p=0.95, seed=index)
+        cache = MIXED_METHODS[index % len(MIXED_METHODS)]
+        stops = frozenset({smollm.tokenizer.eos_token_id})
+        requests.append(Request(ids, cache, 20 + 4 * (index % 5), sampling, stops, tag=index))
+    got, batcher = answers(smollm.model, requests, rows=3)
+    for request in requests:
+        reference = alone(smollm.model, request)
+        assert got[request.tag].tokens == reference.tokens, request.cache
+        assert got[request.tag].stopped == reference.stopped
+    assert any(answer.ring_wraps > 0 for answer in got.values())
+    assert batcher.steps < sum(len(answer.tokens) for answer in got.values()) / 2  # rows ran together
+
+
+def test_refilled_rows_equal_static_batches_and_one_by_one(tiny):
+    requests = random_requests(14, max_new=60)
+    continuous, steps_continuous = answers(tiny, requests, rows=4)
+    static, steps_static = answers(tiny, requests, rows=4, refill=False)
+    for request in requests:
+        reference = alone(tiny, request).tokens
+        assert continuous[request.tag].tokens == static[request.tag].tokens == reference
+    assert steps_continuous.steps < steps_static.steps  # refilling never waits for the longest row
+
+
+def test_draws_of_one_prompt_share_one_prefill_and_split_its_seconds(tiny):
+    ids = tuple(range(5, 60))
+    draws = [Request(ids, SNAPSTREAM, 30, Sampling(True, 1.0, 1.0, seed), tag=seed) for seed in range(4)]
+    got, _ = answers(tiny, draws, rows=2)
+    assert len({tuple(answer.tokens) for answer in got.values()}) == 4
+    assert len({answer.prefill_s for answer in got.values()}) == 1  # one prefill, split four ways
+    for request in draws:
+        assert got[request.tag].tokens == alone(tiny, request).tokens
+
+
+def test_compiled_step_runs_hundreds_of_steps_with_refills_from_one_graph(tiny):
+    """fullgraph, dynamic=False: >= 200 steps, 24 requests through 3 rows, rings wrapping, no recompile;
+    the answers are the one-by-one answers and no buffer moves."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    requests = random_requests(24, max_new=80, seed=3)
+    batcher = ContinuousBatcher(tiny, 3, compile="on")
+    pointers, got = [], {}
+
+    def on_answer(answer):
+        pointers.append([tensor.data_ptr() for tensor in batcher.slots.tensors()])
+        got[answer.request.tag] = answer
+
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        batcher.run(requests, on_answer)
+    assert batcher.steps >= 200
+    assert counters["stats"]["unique_graphs"] == 1
+    assert len(pointers) == 24 and all(p == pointers[0] for p in pointers)
+    assert any(answer.ring_wraps > 1 for answer in got.values())
+    for request in requests:
+        assert got[request.tag].tokens == alone(tiny, request).tokens
+
+
+def test_follow_up_requests_are_answered_and_kv_bytes_are_the_rows_own(tiny):
+    first = Request(tuple(range(3, 50)), {"method": "full"}, 10, tag="first")
+    seen = []
+
+    def on_answer(answer):
+        seen.append(answer)
+        if answer.request.tag == "first":
+            return [Request(tuple(range(3, 20)), {"method": "full"}, 10, tag="second")]
+        return []
+
+    ContinuousBatcher(tiny, 2).run([first], on_answer)
+    assert [a.request.tag for a in seen] == ["first", "second"]
+    slot_bytes = 2 * 2 * 2 * 16 * 4  # layers x (keys, values) x kv_heads x head_dim x float32
+    assert seen[0].kv_bytes == (47 + len(seen[0].tokens) - 1) * slot_bytes
