@@ -152,7 +152,8 @@ class ContinuousBatcher:
         self.model, self.rows, self.refill = model, rows, refill
         self.compiled = compiles(compile, model.device)
         self.slots: SlotCache | None = None
-        self.steps = 0
+        self.steps = 0  # decode steps run, and their wall seconds (all runs of this batcher)
+        self.step_seconds = 0.0
 
     # --- the decode step -------------------------------------------------------------------------
     def step(self, slots: SlotCache, tokens: torch.Tensor, rows: _RowSampling) -> torch.Tensor:
@@ -189,8 +190,7 @@ class ContinuousBatcher:
         if not queue:
             return
         device = self.model.device
-        capacity = max(self._slots_needed(request) for request in queue)
-        self._ensure_slots(capacity)
+        self.reserve(queue)
         slots = self.slots
         shares = Counter(request.prefill_key() for request in queue)
         state = _RowSampling.empty(self.rows, device)
@@ -248,6 +248,7 @@ class ContinuousBatcher:
             drawn = tokens.tolist()  # the step's one host synchronisation
             elapsed = time.perf_counter() - start
             self.steps += 1
+            self.step_seconds += elapsed
             for index in active:
                 row = rows[index]
                 row.decode_s += elapsed / len(active)
@@ -266,8 +267,10 @@ class ContinuousBatcher:
         cache = build_cache(request.cache, strict=False)
         return cache.decode_slots(split, appended + request.max_new_tokens)
 
-    def _ensure_slots(self, capacity: int) -> None:
-        """Allocate the slot cache once; a later run reuses it while it is large enough."""
+    def reserve(self, requests: Iterable[Request]) -> None:
+        """Allocate the slot cache for the largest of ``requests``; later runs reuse it (and its
+        compiled step) while it is large enough."""
+        capacity = max(self._slots_needed(request) for request in requests)
         if self.slots is None or self.slots.capacity < capacity:
             self.slots = SlotCache.for_model(self.model, self.rows, capacity)
             if self.model.device.type == "cuda":  # CUDA graphs read these buffers at fixed addresses

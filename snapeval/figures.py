@@ -136,6 +136,46 @@ def accuracy_vs_budget(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Pa
 
 
 @mpl.rc_context(PAPER_RC)
+def traces_vs_budget(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Path]:
+    """Mean trace length and truncation rate (answers that hit ``max_new_tokens``) against KV budget per
+    method, two panels per experiment, over the full cache's: does compression lengthen reasoning?"""
+    table, experiment, cache = _results(df)
+    has_budget = "cache.budget" in table and table["cache.budget"].notna().any()
+    if not has_budget or table["trace_tokens"].isna().all():
+        raise NothingToDraw("no compressed run with a budget recorded its traces")
+    panels = [
+        (title, rows) for title, rows in _panels(table, experiment) if rows["trace_tokens"].notna().any()
+    ]
+    fig, axes = _grid(2 * len(panels))
+    measures = (("trace_tokens", "Generated tokens (mean)"), ("truncated", "Truncated share"))
+    for index, (title, rows) in enumerate(panels):
+        compressed = rows[rows["cache.budget"].notna()]
+        for ax, (column, label) in zip(axes[2 * index : 2 * index + 2], measures, strict=True):
+            full = rows[rows["cache.method"] == "full"]
+            if not full.empty:
+                reference = full.loc[full["n"].idxmax(), column]
+                ax.axhline(
+                    reference, color=method_color("full"), linestyle="--", lw=1, label=method_label("full")
+                )
+            for method, settings in compressed.groupby("cache.method", sort=True):
+                series = _widest_sweep(settings, cache).sort_values("cache.budget")
+                ax.plot(
+                    series["cache.budget"],
+                    series[column],
+                    marker="o",
+                    color=method_color(method),
+                    label=method_label(method),
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(compressed["cache.budget"].unique()))
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set(title=title, xlabel="KV budget (slots per head)", ylabel=label)
+    _legend(fig, axes)
+    return _save(fig, out, "traces_vs_budget")
+
+
+@mpl.rc_context(PAPER_RC)
 def window_kernel_heatmap(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Path]:
     """Accuracy over observation window x pooling kernel, one panel per method, budget and experiment;
     each cell shows the accuracy, its 95% interval and n.
@@ -312,6 +352,7 @@ FIGURES: dict[str, FigureFunction] = {
     "window_kernel_heatmap": window_kernel_heatmap,
     "accuracy_vs_memory": accuracy_vs_memory,
     "kept_positions": kept_positions,
+    "traces_vs_budget": traces_vs_budget,
 }
 
 

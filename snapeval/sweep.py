@@ -17,7 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from tabulate import tabulate
 
-from snapeval.results import ResultsDB
+from snapeval.results import ResultsDB, trace_summary
 from snapeval.stats import mean_ci
 
 
@@ -94,8 +94,17 @@ def sweep_table(db: ResultsDB, since: datetime) -> pd.DataFrame:
                 "n": len(scores),
                 "KV MiB": sum(s["kv_bytes"] for s in samples) / max(len(samples), 1) / 2**20,
                 "s/sample": sum(s["prefill_s"] + s["decode_s"] for s in samples) / max(len(samples), 1),
+                **_traces(samples),
                 "status": run["status"],
                 "error": (run["error"] or "")[:80],
             }
         )
     return pd.DataFrame(rows)
+
+
+def _traces(samples: list[dict]) -> dict[str, str]:
+    """Trace length and truncation rate of a point's samples, formatted ('-' without traces)."""
+    summary = trace_summary(sample["extra"] for sample in samples)
+    if summary["trace_tokens"] != summary["trace_tokens"]:  # NaN: no sample recorded its trace
+        return {"trace tok": "-", "truncated": "-"}
+    return {"trace tok": f"{summary['trace_tokens']:.0f}", "truncated": f"{summary['truncated']:.0%}"}

@@ -42,6 +42,8 @@ def store(
     slots = cache.get("budget", 512)
     for index in range(N):
         extra = {"kept_histogram": {"bins": np.linspace(0, 1, 11).tolist(), "counts": kept}} if kept else {}
+        length = int(600 - slots + 40 * index)  # smaller budgets, longer traces; 512 new tokens at most
+        extra["trace"] = {"generated_tokens": min(length, 512), "truncated": length >= 512}
         row = {"sample_id": f"{task}-{index}", "score": float(rng.random() < accuracy), "extra": extra}
         db.add_sample(run_id, digest, {**row, "kv_bytes": slots * BYTES_PER_SLOT, "decode_s": 0.1})
     db.finish_run(run_id)
@@ -70,6 +72,18 @@ def samples(tmp_path_factory):
                 for kernel in (5, 7) if window != 32 else (5,):  # (32, 7) is in the budget sweep
                     store(db, task, snapkv(256, window, kernel), 0.3 + window / 64 - kernel / 50, rng)
         return db.dataframe()
+
+
+def test_summaries_report_trace_length_and_truncation(samples):
+    from snapeval.results import summarize
+
+    table = summarize(samples[samples["task"] == "ruler_passkey"], ["cache.method", "cache.budget"])
+    full = table[table["cache.method"] == "full"].iloc[0]
+    lengths = [min(600 - 512 + 40 * i, 512) for i in range(N)]  # the full cache's 512 slots
+    assert full["trace_tokens"] == pytest.approx(sum(lengths) / N)
+    assert full["truncated"] == pytest.approx(sum(600 - 512 + 40 * i >= 512 for i in range(N)) / N)
+    snap = table[(table["cache.method"] == "snapstream") & (table["cache.budget"] == 128)].iloc[0]
+    assert snap["trace_tokens"] > full["trace_tokens"] and snap["truncated"] > full["truncated"]
 
 
 @pytest.mark.parametrize("name", FIGURES)
@@ -112,7 +126,7 @@ def test_cli_writes_every_figure_it_has_data_for(tmp_path, capsys):
     assert "skipped kept_positions: no sample records" in printed
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
         f"{name}.{extension}"
-        for name in ("accuracy_vs_budget", "accuracy_vs_memory")
+        for name in ("accuracy_vs_budget", "accuracy_vs_memory", "traces_vs_budget")
         for extension in ("pdf", "png")
     ]
 

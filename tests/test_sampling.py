@@ -17,7 +17,7 @@ def rows(n: int, **values):
 def test_uniform_numbers_are_uniform_and_differ_by_seed_and_counter():
     counter = torch.arange(50_000)
     u = uniform(torch.full_like(counter, 12345), counter)
-    assert 0.0 <= float(u.min()) and float(u.max()) < 1.0
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
     assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.std()) - 12**-0.5) < 0.01
     histogram = torch.histc(u, bins=10, min=0, max=1) / len(u)
     assert (histogram - 0.1).abs().max() < 0.01

@@ -394,7 +394,8 @@ def summarize(df: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.DataFra
     """Accuracy with its confidence interval, KV size and speed per group of ``keys`` (by default the
     experiment columns of :data:`ALIASES` that ``df`` has).
 
-    ``decode_tok_s`` is the total of generated tokens over the total decode time.
+    ``decode_tok_s`` is the total of generated tokens over the total decode time; ``trace_tokens`` and
+    ``truncated`` describe the (first-call) traces, see :func:`trace_summary`.
     """
     keys = list(keys) if keys is not None else [alias for alias in ALIASES if alias in df.columns]
     groups = df.groupby(keys, dropna=False, sort=True) if keys else [((), df)]
@@ -412,6 +413,19 @@ def summarize(df: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.DataFra
                 "kv_mib": group["kv_bytes"].mean() / 2**20,
                 "prefill_s": group["prefill_s"].mean(),
                 "decode_tok_s": group["generated_tokens"].sum() / decode_s if decode_s > 0 else float("nan"),
+                **trace_summary(group.get("extra", [])),
             }
         )
     return pd.DataFrame(rows)
+
+
+def trace_summary(extras: Iterable[Any]) -> dict[str, float]:
+    """Mean generated tokens of the samples' traces and the share that hit ``max_new_tokens``
+    (``extra.trace``, stored by the runner); NaN where no sample has one."""
+    traces = [extra["trace"] for extra in extras if isinstance(extra, dict) and extra.get("trace")]
+    if not traces:
+        return {"trace_tokens": float("nan"), "truncated": float("nan")}
+    return {
+        "trace_tokens": sum(t["generated_tokens"] for t in traces) / len(traces),
+        "truncated": sum(bool(t["truncated"]) for t in traces) / len(traces),
+    }

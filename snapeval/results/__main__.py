@@ -37,7 +37,10 @@ def _print_summary(df: pd.DataFrame) -> None:
     if df.empty:
         print("no samples stored yet")
         return
-    print(tabulate(summarize(df), headers="keys", tablefmt="github", showindex=False, floatfmt=".4g"))
+    table = summarize(df)
+    untraced = [column for column in ("trace_tokens", "truncated") if table[column].isna().all()]
+    table = table.drop(columns=untraced)  # runs stored before traces were recorded
+    print(tabulate(table, headers="keys", tablefmt="github", showindex=False, floatfmt=".4g"))
 
 
 def _export(df: pd.DataFrame, path: Path) -> None:
