@@ -191,15 +191,15 @@ class ContinuousBatcher:
             return
         device = self.model.device
         self.reserve(queue)
-        slots = self.slots
         shares = Counter(request.prefill_key() for request in queue)
         state = _RowSampling.empty(self.rows, device)
         for request in queue:  # settle the step's Python flags before it first compiles
             state.note(request.sampling)
-            slots.any_rerotate |= (
+            self.slots.any_rerotate |= (
                 bool(request.cache.get("rerotate")) and request.cache["method"] == "streaming_llm"
             )
-        step = torch.compile(self.step, fullgraph=True, dynamic=False) if self.compiled else self.step
+        _pin_for_cuda_graphs([state.do_sample, state.temperature, state.top_p, state.seed, state.counter])
+        step = self._compiled_step() if self.compiled else self.step
         tokens = torch.zeros(self.rows, dtype=torch.long, device=device)
         rows: list[_Row | None] = [None] * self.rows
         last: _Prefill | None = None
@@ -211,12 +211,10 @@ class ContinuousBatcher:
             follow_ups = list(on_answer(answer) or [])
             for request in follow_ups:
                 shares[request.prefill_key()] += 1
-                if self._slots_needed(request) > slots.capacity:
-                    raise SnapevalError(
-                        f"a follow-up request needs {self._slots_needed(request)} slots, more than the "
-                        f"{slots.capacity} allocated for this run",
-                        "generation.max_new_tokens",
-                    )
+                state.note(request.sampling)
+            if follow_ups and (needed := max(map(self._slots_needed, follow_ups))) > self.slots.capacity:
+                self.slots = self.slots.grown(needed)  # rare: a second pass longer than any first one
+                _pin_for_cuda_graphs(self.slots.tensors())
             queue.extendleft(reversed(follow_ups))
 
         while True:
@@ -244,7 +242,7 @@ class ContinuousBatcher:
                     continue
                 break
             start = time.perf_counter()
-            tokens = step(slots, tokens, state).clone()
+            tokens = step(self.slots, tokens, state).clone()
             drawn = tokens.tolist()  # the step's one host synchronisation
             elapsed = time.perf_counter() - start
             self.steps += 1
@@ -273,9 +271,12 @@ class ContinuousBatcher:
         capacity = max(self._slots_needed(request) for request in requests)
         if self.slots is None or self.slots.capacity < capacity:
             self.slots = SlotCache.for_model(self.model, self.rows, capacity)
-            if self.model.device.type == "cuda":  # CUDA graphs read these buffers at fixed addresses
-                for tensor in self.slots.tensors():
-                    torch._dynamo.mark_static_address(tensor)
+            _pin_for_cuda_graphs(self.slots.tensors())
+
+    def _compiled_step(self) -> Callable:
+        """The step as one graph; on CUDA also captured as a CUDA graph (``reduce-overhead``)."""
+        mode = "reduce-overhead" if self.model.device.type == "cuda" else None
+        return torch.compile(self.step, fullgraph=True, dynamic=False, mode=mode)
 
     def _prefill(self, request: Request, last: _Prefill | None, shares: Counter) -> _Prefill:
         """The prefilled cache of ``request``: the last one when it has the same prompt and settings."""
@@ -318,3 +319,11 @@ class ContinuousBatcher:
             ring_wraps=int(self.slots.wraps[index]),
             kept_histogram=histogram,
         )
+
+
+def _pin_for_cuda_graphs(tensors: Iterable[torch.Tensor]) -> None:
+    """Tell torch.compile that these buffers keep their address, so a CUDA graph reads them in place
+    instead of copying them in at every replay (a no-op off CUDA)."""
+    for tensor in tensors:
+        if tensor.device.type == "cuda":
+            torch._dynamo.mark_static_address(tensor)

@@ -192,3 +192,20 @@ def test_follow_up_requests_are_answered_and_kv_bytes_are_the_rows_own(tiny):
     assert [a.request.tag for a in seen] == ["first", "second"]
     slot_bytes = 2 * 2 * 2 * 16 * 4  # layers x (keys, values) x kv_heads x head_dim x float32
     assert seen[0].kv_bytes == (47 + len(seen[0].tokens) - 1) * slot_bytes
+
+
+def test_a_follow_up_longer_than_any_first_request_grows_the_rows(tiny):
+    """A second pass that needs more slots than were reserved: the rows grow, nothing is lost."""
+    first = [Request(tuple(range(3, 20)), {"method": "full"}, 6, tag=f"short{i}") for i in range(3)]
+    longer = Request(tuple(range(3, 120)), {"method": "full"}, 30, tag="long")
+    got = {}
+
+    def on_answer(answer):
+        got[answer.request.tag] = answer
+        return [longer] if answer.request.tag == "short0" else []
+
+    batcher = ContinuousBatcher(tiny, 2)
+    batcher.run(first, on_answer)
+    assert batcher.slots.capacity == 117 + 30
+    for request in [*first, longer]:
+        assert got[request.tag].tokens == alone(tiny, request).tokens

@@ -85,6 +85,23 @@ class SlotCache:
             inv_freq,
         )
 
+    def grown(self, capacity: int) -> SlotCache:
+        """A copy with ``capacity`` slots per row (rows keep their slots and cursors): for a request
+        larger than any foreseen. New buffers, so a compiled step compiles again."""
+        keys = self.keys[0]
+        bigger = SlotCache(
+            self.rows, capacity, self.num_layers, keys.shape[1], keys.shape[3], keys.dtype, keys.device
+        )
+        bigger.inv_freq, bigger.any_rerotate = self.inv_freq, self.any_rerotate
+        for index in range(self.num_layers):
+            bigger.keys[index][:, :, : self.capacity] = self.keys[index]
+            bigger.values[index][:, :, : self.capacity] = self.values[index]
+            bigger.positions[index][..., : self.capacity] = self.positions[index]
+        bigger.valid[:, : self.capacity] = self.valid
+        for name in ("ring_start", "ring_size", "ring_next", "seen", "wraps", "rerotate"):
+            getattr(bigger, name).copy_(getattr(self, name))
+        return bigger
+
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer of the cache (their storage never changes while it lives)."""
         cursors = [self.valid, self.ring_start, self.ring_size, self.ring_next, self.seen, self.wraps]
