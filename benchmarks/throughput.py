@@ -5,14 +5,15 @@ answers each (T=0.6, top-p 0.95), up to ``--max-new-tokens`` tokens, stopping at
 vary. Every mode answers the same requests and must give the same tokens (checked); it prints, per mode,
 the wall time, the generated tokens/s and the decode step's own time per step:
 
-* one by one: :func:`snapeval.generation.generate` per answer (a growing cache, batch 1);
+* one by one: :func:`snapeval.generation.generate` per answer (a growing cache, batch 1), on the first
+  ``--one-by-one`` answers only (it is by far the slowest; its tokens/s is a rate all the same);
 * static batches: ``--rows`` answers at a time at the fixed shape, the next batch only when every row
   of the last has stopped (``ContinuousBatcher(refill=False)``), the draws of a prompt sharing a prefill;
 * continuous: the same rows, each refilled as soon as its answer stops;
 * continuous, compiled: the decode step under ``torch.compile(fullgraph=True, dynamic=False)``, after a
   warm-up run that compiles it (compile seconds reported apart).
 
-    python benchmarks/throughput.py                        # 2 problems x 8 draws, 512 tokens, 8 rows
+    python benchmarks/throughput.py                        # 4 problems x 8 draws, 512 tokens, 8 rows
     python benchmarks/throughput.py --problems 4 --rows 16 --method snapstream --budget 256
 
 Data: ``SNAPEVAL_DATA_DIR`` or ``../shared/data`` when present, else the Hub (``HuggingFaceH4/aime_2024``).
@@ -31,6 +32,7 @@ import torch
 import transformers
 from engine import SPEC, available_cores, cpu_model
 from tabulate import tabulate
+from tqdm import tqdm
 
 from snapeval.cache import build_cache, install
 from snapeval.config import compose_config
@@ -62,6 +64,7 @@ def aime_requests(tokenizer, args: argparse.Namespace, stop_ids: frozenset[int])
 
 
 def batched(model, requests: list[Request], rows: int, compile: str, refill: bool, warm_up: bool = False):
+    """Answer ``requests`` with a batcher of ``rows``: (tokens by tag, wall s, steps, step s, compile s)."""
     batcher = ContinuousBatcher(model, rows, compile, refill)
     batcher.reserve(requests)
     compile_s = 0.0
@@ -71,8 +74,15 @@ def batched(model, requests: list[Request], rows: int, compile: str, refill: boo
         compile_s = time.perf_counter() - start
         batcher.steps, batcher.step_seconds = 0, 0.0
     tokens: dict = {}
+    progress = tqdm(total=len(requests), desc=f"{'continuous' if refill else 'static'} {compile}")
+
+    def on_answer(answer) -> None:
+        tokens[answer.request.tag] = answer.tokens
+        progress.update()
+
     start = time.perf_counter()
-    batcher.run(requests, lambda answer: tokens.__setitem__(answer.request.tag, answer.tokens))
+    batcher.run(requests, on_answer)
+    progress.close()
     return tokens, time.perf_counter() - start, batcher.steps, batcher.step_seconds, compile_s
 
 
@@ -82,14 +92,14 @@ def _short(request: Request) -> Request:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--problems", type=int, default=2, help="AIME24 problems (default 2)")
+    parser.add_argument("--problems", type=int, default=4, help="AIME24 problems (default 4)")
     parser.add_argument("--draws", type=int, default=8, help="sampled answers per problem (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="tokens per answer at most")
     parser.add_argument("--rows", type=int, default=8, help="rows decoding together (default 8)")
     parser.add_argument("--method", default="snapstream", help="cache method (default snapstream)")
     parser.add_argument("--budget", type=int, default=256, help="budget of a compressing method")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
-    parser.add_argument("--skip-one-by-one", action="store_true", help="leave out the slowest mode")
+    parser.add_argument("--one-by-one", type=int, default=8, help="answers timed one by one (0: none)")
     return parser.parse_args(argv)
 
 
@@ -104,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     def record(mode: str, tokens: dict, wall: float, steps: int | None, step_s: float | None, compile_s=0.0):
         nonlocal reference
         reference = reference or tokens
+        same = all(reference.get(tag, answer) == answer for tag, answer in tokens.items())
+        reference = {**tokens, **reference}
         generated = sum(len(t) for t in tokens.values())
         results.append(
             {
@@ -115,13 +127,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "steps": steps if steps is not None else generated,
                 "ms/step": round(1000 * step_s / steps, 1) if steps else "-",
                 "compile s": round(compile_s, 1) if compile_s else "-",
-                "same tokens": tokens == reference,
+                "same tokens": same,
             }
         )
 
-    if not args.skip_one_by_one:
+    if args.one_by_one:
         start, tokens = time.perf_counter(), {}
-        for r in requests:
+        for r in tqdm(requests[: args.one_by_one], desc="one by one"):
             answer = generate(
                 model, list(r.prompt_ids), build_cache(r.cache), r.max_new_tokens, set(r.stop_ids), r.sampling
             )
@@ -148,6 +160,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{args.draws} draws, T=0.6 top-p 0.95, up to {args.max_new_tokens} new tokens\n"
     )
     print(tabulate(results, headers="keys", tablefmt="github"))
+    lengths = sorted(len(answer) for answer in reference.values())
+    truncated = sum(length == args.max_new_tokens for length in lengths)
+    print(
+        f"\nanswer lengths: mean {sum(lengths) / len(lengths):.0f}, median {lengths[len(lengths) // 2]}, "
+        f"min {lengths[0]}, max {lengths[-1]}; {truncated}/{len(lengths)} hit max-new-tokens"
+    )
     ratio = continuous["tok/s"] / static["tok/s"]
     step_ratio = continuous["ms/step"] / compiled["ms/step"]
     print(f"\ncontinuous / static tokens/s: {ratio:.2f}x ({verdict(ratio, 1.5)})")
