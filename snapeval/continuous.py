@@ -222,6 +222,8 @@ class ContinuousBatcher:
             for index in range(self.rows):
                 while admit and rows[index] is None and queue:
                     request = queue.popleft()
+                    if last is not None and last.key != request.prefill_key():
+                        last = None  # its rows hold their copies: free it before the next prefill
                     last = self._prefill(request, last, shares)
                     first = sample_one(last.logits, request.sampling, 0)
                     rows[index] = self._load(index, request, last, state)

@@ -86,7 +86,11 @@ def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path
     frame = load(tmp_path / "db.sqlite")
     assert summary.n == 4 and sorted(frame["sample_id"])[0].endswith("#0")
     assert {extra["draw"] for extra in frame["extra"]} == {0, 1}
-    assert all(extra["trace"]["generated_tokens"] <= 8 for extra in frame["extra"])
+    for extra, generated in zip(frame["extra"], frame["generated_tokens"], strict=True):
+        trace = extra["trace"]
+        assert trace["generated_tokens"] == generated <= 8
+        assert trace["truncated"] == (trace["stopped"] == "length") == (generated == 8)
+        assert trace["reasoning_closed"] is False and trace["ring_wraps"] == 0  # full cache: no ring
 
 
 def test_sampled_draws_in_rows_equal_draws_decoded_one_at_a_time(smollm, tmp_path):
