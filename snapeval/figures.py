@@ -138,7 +138,8 @@ def accuracy_vs_budget(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Pa
 @mpl.rc_context(PAPER_RC)
 def traces_vs_budget(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Path]:
     """Mean trace length and truncation rate (answers that hit ``max_new_tokens``) against KV budget per
-    method, two panels per experiment, over the full cache's: does compression lengthen reasoning?"""
+    method, over the full cache's, a row of two panels per experiment: does compression lengthen
+    reasoning?"""
     table, experiment, cache = _results(df)
     has_budget = "cache.budget" in table and table["cache.budget"].notna().any()
     if not has_budget or table["trace_tokens"].isna().all():
@@ -146,11 +147,15 @@ def traces_vs_budget(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Path
     panels = [
         (title, rows) for title, rows in _panels(table, experiment) if rows["trace_tokens"].notna().any()
     ]
-    fig, axes = _grid(2 * len(panels))
+    size = (2 * _PANEL_SIZE[0], _PANEL_SIZE[1] * len(panels) + 0.4)
+    fig = Figure(figsize=size, layout="constrained")
+    grid = fig.subplots(len(panels), 2, squeeze=False)
     measures = (("trace_tokens", "Generated tokens (mean)"), ("truncated", "Truncated share"))
-    for index, (title, rows) in enumerate(panels):
+    for (title, rows), row_axes in zip(panels, grid, strict=True):
         compressed = rows[rows["cache.budget"].notna()]
-        for ax, (column, label) in zip(axes[2 * index : 2 * index + 2], measures, strict=True):
+        row_axes[0].set_title(title, loc="left")
+        row_axes[1].set_ylim(-0.02, 1.02)
+        for ax, (column, label) in zip(row_axes, measures, strict=True):
             full = rows[rows["cache.method"] == "full"]
             if not full.empty:
                 reference = full.loc[full["n"].idxmax(), column]
@@ -170,8 +175,8 @@ def traces_vs_budget(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Path
             ax.set_xticks(sorted(compressed["cache.budget"].unique()))
             ax.xaxis.set_major_formatter(ScalarFormatter())
             ax.xaxis.set_minor_locator(NullLocator())
-            ax.set(title=title, xlabel="KV budget (slots per head)", ylabel=label)
-    _legend(fig, axes)
+            ax.set(xlabel="KV budget (slots per head)", ylabel=label)
+    _legend(fig, list(grid.ravel()))
     return _save(fig, out, "traces_vs_budget")
 
 
@@ -409,7 +414,10 @@ def _short(column: str) -> str:
 
 
 def _format(value: object) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    """A config value for a title; a key one experiment lacks reads ``-``."""
+    if isinstance(value, float):
+        return "-" if np.isnan(value) else f"{value:g}"
+    return str(value)
 
 
 def _setting_label(setting: pd.Series) -> str:
