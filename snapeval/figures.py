@@ -10,7 +10,6 @@ parameters, generation, seed). Accuracies come with 95% intervals from :func:`sn
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import zlib
@@ -27,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from snapeval.errors import SnapevalError
-from snapeval.results import ALIASES, DB_ENV_VAR, DEFAULT_DB, DEFAULT_IGNORED, load, samples, summarize
+from snapeval.results import ALIASES, DB_ENV_VAR, DEFAULT_DB, config_columns, hashable, load, summarize
 
 DEFAULT_OUT = Path("results/figures")
 
@@ -75,9 +74,6 @@ _CI_ALPHA = 0.18
 _PANEL_SIZE = (2.6, 2.1)  # inches per panel
 _MAX_COLUMNS = 3
 _PARETO_LABEL = "Pareto front"
-
-# Columns of load() that are not config: sample fields, run provenance, short aliases (and metric.*).
-_NOT_CONFIG = {*samples.c.keys(), *ALIASES, "git_sha", "status", "created_at"}
 
 FigureFunction = Callable[[pd.DataFrame, Path], list[Path]]
 
@@ -365,8 +361,8 @@ def _settings(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[str]]:
     """``df`` with hashable config values, and its config columns outside and inside the cache."""
     if df.empty:
         raise NothingToDraw("no samples stored")
-    config = [column for column in df.columns if column not in _NOT_CONFIG and _is_config(column)]
-    df = df.assign(**{column: df[column].map(_hashable) for column in config})
+    config = config_columns(df)
+    df = df.assign(**{column: df[column].map(hashable) for column in config})
     cache = [column for column in config if column.startswith("cache.")]
     return df, [column for column in config if column not in cache], cache
 
@@ -375,15 +371,6 @@ def _results(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[str]]:
     """Accuracy and KV size per setting, with the experiment and cache columns of :func:`_settings`."""
     df, experiment, cache = _settings(df)
     return summarize(df, experiment + cache), experiment, cache
-
-
-def _is_config(column: str) -> bool:
-    ignored = any(column == key or column.startswith(f"{key}.") for key in DEFAULT_IGNORED)
-    return not ignored and not column.startswith("metric.")
-
-
-def _hashable(value: object) -> object:
-    return json.dumps(value, sort_keys=True) if isinstance(value, list | dict) else value
 
 
 def _panels(table: pd.DataFrame, experiment: list[str]) -> list[tuple[str, pd.DataFrame]]:

@@ -248,3 +248,28 @@ def test_cli_without_a_database_says_so_in_one_line(tmp_path):
     assert missing.returncode == 2
     assert missing.stderr == f"error: no results database at {DEFAULT_DB}; run python -m snapeval first\n"
     assert not (tmp_path / DEFAULT_DB).exists()
+
+
+def test_summary_never_pools_experiments_that_differ_outside_the_aliases(tmp_path, config):
+    """Three runs differing only in sampling: three rows of n=2, the differing column shown; a fourth
+    run with the same config as the first (another limit) joins its row."""
+    with ResultsDB(tmp_path / DEFAULT_DB) as db:
+        for temperature, scores in ((0.2, [1.0, 1.0]), (0.6, [1.0, 0.0]), (1.0, [0.0, 0.0])):
+            sampled = {**config, "generation": {"do_sample": True, "temperature": temperature}}
+            digest = config_hash(sampled)
+            run_id = db.start_run(sampled, digest)
+            for index, score in enumerate(scores):
+                db.add_sample(run_id, digest, sample(index, score))
+        again = {
+            **config,
+            "task": {**config["task"], "limit": 9},
+            "generation": {"do_sample": True, "temperature": 0.2},
+        }
+        digest = config_hash(again)
+        db.add_sample(db.start_run(again, digest), digest, sample(5, 0.0))
+    table = summarize(load(tmp_path / DEFAULT_DB))
+    assert list(table["generation.temperature"]) == [0.2, 0.6, 1.0]
+    assert list(table["n"]) == [3, 2, 2] and list(table["accuracy"]) == pytest.approx([2 / 3, 0.5, 0.0])
+    assert "task.limit" not in table and "generation.do_sample" not in table  # same hash / same value
+    printed = cli("summary", cwd=tmp_path).stdout
+    assert "generation.temperature" in printed and len(printed.strip().splitlines()) == 2 + 3

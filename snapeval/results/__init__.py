@@ -390,14 +390,45 @@ def load_memory(url_or_path: str | os.PathLike[str] | None = None) -> pd.DataFra
         return db.memory_dataframe()
 
 
+def config_columns(df: pd.DataFrame) -> list[str]:
+    """The columns of ``df`` (from :func:`load`) that hold the stored config, less what
+    :data:`DEFAULT_IGNORED` leaves out of the config hash: together, they tell experiments apart."""
+    not_config = {*samples.c.keys(), *ALIASES, "git_sha", "status", "created_at"}
+
+    def ignored(column: str) -> bool:
+        return any(column == key or column.startswith(f"{key}.") for key in DEFAULT_IGNORED)
+
+    return [c for c in df.columns if c not in not_config and not c.startswith("metric.") and not ignored(c)]
+
+
+def experiment_keys(df: pd.DataFrame) -> list[str]:
+    """The :data:`ALIASES` columns ``df`` has, then every other config column whose value differs
+    between configs that share those: grouping by them never pools two experiments."""
+    aliases = [alias for alias in ALIASES if alias in df.columns]
+    aliased = {ALIASES[alias] for alias in aliases}
+    others = [column for column in config_columns(df) if column not in aliased]
+    values = df[others].map(hashable)
+    by_aliases = values.groupby([df[a].map(hashable) for a in aliases], dropna=False) if aliases else None
+    if by_aliases is None:
+        return [column for column in others if values[column].nunique(dropna=False) > 1]
+    varying = by_aliases.nunique(dropna=False).max() if len(values) else pd.Series(dtype=int)
+    return aliases + [column for column in others if varying.get(column, 1) > 1]
+
+
+def hashable(value: object) -> object:
+    """A config value that pandas can group by: lists and dicts as sorted JSON."""
+    return json.dumps(value, sort_keys=True) if isinstance(value, list | dict) else value
+
+
 def summarize(df: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.DataFrame:
-    """Accuracy with its confidence interval, KV size and speed per group of ``keys`` (by default the
-    experiment columns of :data:`ALIASES` that ``df`` has).
+    """Accuracy with its confidence interval, KV size and speed per group of ``keys`` (by default
+    :func:`experiment_keys`: one row per experiment, the config columns that set it apart shown).
 
     ``decode_tok_s`` is the total of generated tokens over the total decode time; ``trace_tokens`` and
     ``truncated`` describe the (first-call) traces, see :func:`trace_summary`.
     """
-    keys = list(keys) if keys is not None else [alias for alias in ALIASES if alias in df.columns]
+    keys = list(keys) if keys is not None else experiment_keys(df)
+    df = df.assign(**{key: df[key].map(hashable) for key in keys})
     groups = df.groupby(keys, dropna=False, sort=True) if keys else [((), df)]
     rows = []
     for key, group in groups:
