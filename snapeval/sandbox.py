@@ -48,70 +48,7 @@ _NAMESPACE_FLAGS = ("--mount", "--net", "--pid", "--ipc", "--fork", "--kill-chil
 _STARTED = b"\0"
 _GRACE_S = 2.0
 
-_BOOTSTRAP = r"""
-import ctypes, os, re, resource, signal, sys
-
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
-LOCKED_FLAGS = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
-                "relatime": 1 << 21, "strictatime": 1 << 24}
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
-libc = ctypes.CDLL(None, use_errno=True)
-
-
-def check(ret, what):
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def mount(target, flags, source=None):
-    check(libc.mount(source, target.encode(), None, flags, None), f"mount {target}")
-
-
-def read_only_filesystem(workdir):
-    # Private propagation first, so that nothing below ever reaches the host's mount table.
-    mount("/", MS_REC | MS_PRIVATE)
-    mount(workdir, MS_BIND, source=workdir.encode())
-    with open("/proc/self/mountinfo") as f:
-        mounts = [line.split() for line in f]
-    for fields in mounts:
-        target = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])
-        if target != workdir:
-            locked = sum(LOCKED_FLAGS.get(option, 0) for option in fields[5].split(","))
-            mount(target, MS_REMOUNT | MS_BIND | MS_RDONLY | locked)
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        for cap in range(int(f.read()) + 1):
-            check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capabilities")
-
-
-def main(report, workdir, namespaces, uid, memory, processes, file_size, cpu, python, program):
-    os.set_inheritable(report, False)
-    os.write(report, b"\0")
-    if namespaces == "1":
-        read_only_filesystem(workdir)
-    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    if uid != "-":
-        os.setgroups([])
-        os.setgid(int(uid))
-        os.setuid(int(uid))
-    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
-    for limit, value in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_NPROC, processes),
-                         (resource.RLIMIT_FSIZE, file_size), (resource.RLIMIT_CORE, "0")):
-        resource.setrlimit(limit, (int(value), int(value)))
-    resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu) + 1))
-    os.chdir(workdir)
-    try:
-        os.execv(python, [python, "-I", program])
-    except OSError as exc:
-        raise OSError(exc.errno, f"exec {python}: {exc.strerror}") from None
-
-
-try:
-    main(int(sys.argv[1]), *sys.argv[2:])
-except BaseException as exc:
-    os.write(int(sys.argv[1]), f"{type(exc).__name__}: {exc}".encode())
-    os._exit(125)
-"""
+_BOOTSTRAP = (Path(__file__).parent / "sandbox_bootstrap.py").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -128,6 +65,7 @@ class SandboxLimits:
     memory_bytes: int = 1 << 30
     max_processes: int = 64
     max_file_bytes: int = 64 << 20
+    max_disk_bytes: int = 128 << 20  # all files the program writes, together (namespaces only)
 
 
 DEFAULT_LIMITS = SandboxLimits()
@@ -261,10 +199,22 @@ def _command(iso: Isolation, limits: SandboxLimits, workdir: Path, report_fd: in
         limits.max_processes,
         limits.max_file_bytes,
         int(limits.timeout_s) + 1,
+        limits.max_disk_bytes,
+        os.pathsep.join(_allowed_paths(iso.interpreter)),
         iso.interpreter,
-        workdir / _PROGRAM_NAME,
     )
     return [*iso.wrapper, sys.executable, "-I", "-S", "-c", _BOOTSTRAP, *map(str, settings)]
+
+
+def _allowed_paths(interpreter: str) -> list[str]:
+    """What a confined program may see (read-only): the system's programs and libraries, and the
+    interpreter with its standard library and site-packages (a virtual environment and its base)."""
+    system = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache"]
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    interpreters = {os.path.dirname(interpreter), os.path.dirname(os.path.realpath(interpreter))}
+    python = sorted({os.path.realpath(p) for p in prefixes | interpreters} | prefixes | interpreters)
+    covered = [p for p in python if not any(p.startswith(f"{s}/") or p == s for s in system)]
+    return system + [p for p in covered if not any(p.startswith(f"{o}/") for o in covered if o != p)]
 
 
 class _ReportPipe:

@@ -56,7 +56,7 @@ def assert_harness_unharmed(workdir: str) -> None:
     assert subprocess.run([sys.executable, "-c", "pass"], timeout=30).returncode == 0
 
 
-PRINT_WORKDIR = "import os\nprint(os.getcwd(), flush=True)\n"
+PRINT_WORKDIR = 'import os\nprint(os.environ["HOME"], flush=True)  # the host folder of the run\n'
 
 
 def test_runs_a_program_on_its_stdin() -> None:
@@ -189,7 +189,7 @@ def test_files_outside_the_working_directory_are_untouchable(canary: Path) -> No
         attempt("overwrite", lambda: open({str(canary)!r}, "w").write("pwned"))
         attempt("create", lambda: open({str(canary.with_name("new.txt"))!r}, "w").write("pwned"))
         attempt("own-dir", lambda: open("scratch.txt", "w").write("mine"))
-        print(os.getcwd())
+        print(os.environ["HOME"])
         """
     )
     result = run_program(attack)
@@ -206,7 +206,8 @@ def test_files_outside_the_working_directory_are_untouchable(canary: Path) -> No
 
 
 @needs_namespaces
-def test_shared_scratch_directories_are_read_only() -> None:
+def test_scratch_writes_never_reach_the_host() -> None:
+    """The program's /tmp is its own (a small tmpfs); the host's scratch folders do not exist for it."""
     name = f"snapeval-escape-{os.getpid()}"
     attack = program(
         f"""
@@ -219,17 +220,7 @@ def test_shared_scratch_directories_are_read_only() -> None:
         """
     )
     result = run_program(attack)
-    assert result.stdout.split() == [
-        "/tmp",
-        "denied",
-        "30",
-        "/var/tmp",
-        "denied",
-        "30",
-        "/dev/shm",
-        "denied",
-        "30",
-    ]
+    assert result.stdout.split() == ["/tmp", "written", "/var/tmp", "denied", "2", "/dev/shm", "denied", "2"]
     assert not any(Path(d, name).exists() for d in ("/tmp", "/var/tmp", "/dev/shm"))
 
 
@@ -274,3 +265,132 @@ def test_the_harness_environment_is_invisible(monkeypatch: pytest.MonkeyPatch) -
     assert result.stdout.splitlines()[0] == "['HOME', 'LANG', 'PATH']"
     if ISOLATION.namespaces or ISOLATION.uid is not None:
         assert secret not in result.stdout + result.stderr
+
+
+@pytest.fixture
+def open_folder() -> Iterator[Path]:
+    """A world-readable, world-writable folder, as a shared data or socket folder may be."""
+    folder = Path(tempfile.mkdtemp(prefix="snapeval-test-open-"))
+    folder.chmod(0o777)
+    yield folder
+    shutil.rmtree(folder)
+
+
+@needs_namespaces
+def test_a_program_cannot_read_the_expected_answers(open_folder: Path) -> None:
+    """The cheat that passed real problems: look stdin up in the benchmark's data file. The program's
+    root is an allow-list: data, project, results and home folders do not exist for it."""
+    data = open_folder / "data.jsonl"
+    data.write_text('{"input": "3 4\\n", "output": "7"}\n')
+    data.chmod(0o644)
+    hidden = [str(Path(__file__).resolve().parents[1]), str(open_folder), str(Path.home() / ".cache")]
+    cheat = program(
+        f"""
+        import json, os, sys
+        wanted = sys.stdin.read()
+        try:
+            rows = [json.loads(line) for line in open({str(data)!r})]
+            print(next(row["output"] for row in rows if row["input"] == wanted))
+        except OSError as exc:
+            print("no data", exc.errno)
+        print(sorted(os.listdir("/")))
+        print([os.path.exists(p) for p in {hidden!r}])
+        """
+    )
+    result = run_program(cheat, stdin="3 4\n")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "no data 2"
+    assert set(eval(lines[1])) <= {
+        "bin",
+        "dev",
+        "etc",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "proc",
+        "root",
+        "sbin",
+        "tmp",
+        "usr",
+        "work",
+        "home",
+        "opt",
+    }
+    assert lines[2] == "[False, False, False]"
+
+
+@needs_namespaces
+def test_filesystem_unix_sockets_are_unreachable(open_folder: Path) -> None:
+    path = open_folder / "listener.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        path.chmod(0o777)
+        listener.listen()
+        listener.settimeout(0.5)
+        attack = program(
+            f"""
+            import socket
+            try:
+                client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                client.connect({str(path)!r})
+                client.sendall(b"leaked")
+                print("connected")
+            except OSError as exc:
+                print("refused", exc.errno)
+            """
+        )
+        result = run_program(attack)
+        assert result.stdout.split()[0] == "refused"
+        with pytest.raises(TimeoutError):
+            listener.accept()
+
+
+@needs_namespaces
+def test_another_running_programs_folder_is_invisible() -> None:
+    import threading
+
+    before = set(Path(tempfile.gettempdir()).glob("snapeval-sandbox-*"))
+    first = threading.Thread(
+        target=run_program, args=("import time\nopen('secret', 'w').write('s')\ntime.sleep(3)",)
+    )
+    first.start()
+    try:
+        for _ in range(100):
+            running = set(Path(tempfile.gettempdir()).glob("snapeval-sandbox-*")) - before
+            if running:
+                break
+            threading.Event().wait(0.05)
+        folder = running.pop()
+        spy = program(
+            f"""
+            import os
+            try:
+                print(os.listdir({str(folder)!r}))
+            except OSError as exc:
+                print("hidden", exc.errno)
+            """
+        )
+        assert run_program(spy).stdout.split() == ["hidden", "2"]
+    finally:
+        first.join()
+
+
+@needs_namespaces
+def test_all_files_of_a_program_together_are_capped() -> None:
+    """Many files each under the per-file limit: the folder's tmpfs fills at max_disk_bytes."""
+    writer = program(
+        """
+        written = 0
+        try:
+            for index in range(20):
+                with open(f"part{index}", "wb") as f:
+                    f.write(b"x" * (16 << 20))
+                written += 1
+        except OSError as exc:
+            print(written, exc.errno)
+        """
+    )
+    limits = SandboxLimits(max_disk_bytes=64 << 20, memory_bytes=2 << 30)
+    written, errno = run_program(writer, limits=limits).stdout.split()
+    assert int(written) <= 4 and errno == "28"  # ENOSPC
