@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -42,6 +43,12 @@ Status = Literal["ok", "error", "timeout", "memory", "killed"]
 
 SANDBOX_UID = 65534
 """The uid (``nobody``) programs run as when the harness runs as root."""
+
+UNSAFE_ENV = "SNAPEVAL_UNSAFE_SANDBOX"
+"""Set to 1 to run model-written code where no namespace isolation is available (unsafe)."""
+
+_FRESH_UID_BASE = 1 << 24
+"""Without namespaces, a root harness runs each program as a uid of its own from here on."""
 
 _PROGRAM_NAME = "main.py"
 _NAMESPACE_FLAGS = ("--mount", "--net", "--pid", "--ipc", "--fork", "--kill-child", "--mount-proc")
@@ -66,6 +73,7 @@ class SandboxLimits:
     max_processes: int = 64
     max_file_bytes: int = 64 << 20
     max_disk_bytes: int = 128 << 20  # all files the program writes, together (namespaces only)
+    total_memory_bytes: int = 2 << 30  # all its processes together (a root harness with cgroups)
 
 
 DEFAULT_LIMITS = SandboxLimits()
@@ -109,19 +117,33 @@ def isolation() -> Isolation:
 
     1. as root: ``unshare`` namespaces and uid ``nobody``;
     2. ``unshare`` inside an unprivileged user namespace (programs keep the harness's uid);
-    3. resource limits only (and uid ``nobody`` as root).
+    3. resource limits only, and only with :data:`UNSAFE_ENV` set (as root, each program then runs as
+       a fresh uid whose processes are all killed when it ends).
 
     For each, the first interpreter that the program's uid can run (the harness's own Python,
     else the system ``python3``) is used.
     """
     for wrapper, uid in _candidate_wrappers():
         for interpreter in _candidate_interpreters():
-            candidate = Isolation(wrapper, uid, interpreter)
+            candidate, works = Isolation(wrapper, uid, interpreter), False
             with contextlib.suppress(SnapevalError):
                 probe = "import os, sys; sys.exit(0 if os.access(sys.executable, os.X_OK) else 1)"
-                if _execute(probe, "", DEFAULT_LIMITS, candidate).status == "ok":
-                    return candidate
+                works = _execute(probe, "", DEFAULT_LIMITS, candidate).status == "ok"
+            if works:
+                return _unless_unsafe(candidate)
     raise SnapevalError("no way to run sandboxed Python programs on this machine")
+
+
+def _unless_unsafe(candidate: Isolation) -> Isolation:
+    """``candidate``, unless it has no namespaces and the user has not allowed that (:data:`UNSAFE_ENV`)."""
+    if candidate.namespaces or os.environ.get(UNSAFE_ENV) == "1":
+        return candidate
+    raise SnapevalError(
+        "unshare cannot create the sandbox's namespaces here, so model-written code will not run; "
+        f"set {UNSAFE_ENV}=1 to run it anyway, without isolation (unsafe: it can read your files, "
+        "reach the network and outlive the run)",
+        UNSAFE_ENV,
+    )
 
 
 def _candidate_wrappers() -> Iterator[tuple[tuple[str, ...], int | None]]:
@@ -142,8 +164,10 @@ def _candidate_interpreters() -> Iterator[str]:
 
 
 def _execute(code: str, stdin: str, limits: SandboxLimits, iso: Isolation) -> ExecutionResult:
+    uid = iso.uid if iso.namespaces or iso.uid is None else _FRESH_UID_BASE + secrets.randbelow(1 << 24)
     with (
-        _private_workdir(code, iso.uid) as workdir,
+        _memory_cgroup(limits.total_memory_bytes) as cgroup,
+        _private_workdir(code, uid) as workdir,
         tempfile.TemporaryFile() as stdin_file,
         tempfile.TemporaryFile() as stdout_file,
         tempfile.TemporaryFile() as stderr_file,
@@ -153,7 +177,7 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, iso: Isolation) -> Ex
         stdin_file.seek(0)
         started = time.monotonic()
         proc = subprocess.Popen(
-            _command(iso, limits, workdir, report.write_fd),
+            _command(iso, uid, limits, workdir, report.write_fd, cgroup),
             stdin=stdin_file,
             stdout=stdout_file,
             stderr=stderr_file,
@@ -169,6 +193,8 @@ def _execute(code: str, stdin: str, limits: SandboxLimits, iso: Isolation) -> Ex
             seconds = time.monotonic() - started
         finally:
             returncode = _stop(proc, kill_namespace=timed_out and iso.namespaces)
+            if uid != iso.uid:  # a fresh uid: whatever it left running (a detached daemon) dies too
+                _kill_user(uid)
         report.check(timed_out, returncode, stderr_file)
         stdout = _read(stdout_file, limits.max_file_bytes)
         stderr = _read(stderr_file, limits.max_file_bytes)
@@ -189,12 +215,15 @@ def _private_workdir(code: str, uid: int | None) -> Iterator[Path]:
         _remove_tree(workdir)
 
 
-def _command(iso: Isolation, limits: SandboxLimits, workdir: Path, report_fd: int) -> list[str]:
+def _command(
+    iso: Isolation, uid: int | None, limits: SandboxLimits, workdir: Path, report_fd: int, cgroup: str | None
+) -> list[str]:
     settings = (
         report_fd,
+        cgroup or "-",
         workdir,
         int(iso.namespaces),
-        "-" if iso.uid is None else iso.uid,
+        "-" if uid is None else uid,
         limits.memory_bytes,
         limits.max_processes,
         limits.max_file_bytes,
@@ -204,6 +233,52 @@ def _command(iso: Isolation, limits: SandboxLimits, workdir: Path, report_fd: in
         iso.interpreter,
     )
     return [*iso.wrapper, sys.executable, "-I", "-S", "-c", _BOOTSTRAP, *map(str, settings)]
+
+
+@contextlib.contextmanager
+def _memory_cgroup(limit: int) -> Iterator[str | None]:
+    """A memory cgroup of ``limit`` bytes (swap included) for one run: the path of its ``cgroup.procs``,
+    which the bootstrap joins; None where the harness cannot create one (not root, no memory
+    controller). Whatever is left in it is killed and the cgroup removed afterwards."""
+    base = _memory_cgroup_root()
+    if base is None:
+        yield None
+        return
+    group = base / f"snapeval-{os.getpid()}-{secrets.token_hex(4)}"
+    group.mkdir()
+    try:
+        if (group / "memory.max").exists():  # cgroup v2
+            (group / "memory.max").write_text(str(limit))
+            (group / "memory.swap.max").write_text("0")
+        else:
+            (group / "memory.limit_in_bytes").write_text(str(limit))
+            with contextlib.suppress(OSError):  # swap accounting may be off
+                (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
+        yield str(group / "cgroup.procs")
+    finally:
+        for _ in range(50):
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                group.rmdir()
+                break
+            time.sleep(0.02)
+
+
+@functools.cache
+def _memory_cgroup_root() -> Path | None:
+    """Where this (root) harness can create memory cgroups: cgroup v1's memory hierarchy, or a cgroup
+    v2 root that delegates the memory controller; None otherwise."""
+    if os.geteuid() != 0:
+        return None
+    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+    if (v1 / "memory.limit_in_bytes").exists() and os.access(v1, os.W_OK):
+        return v1
+    with contextlib.suppress(OSError):
+        if "memory" in (v2 / "cgroup.subtree_control").read_text().split() and os.access(v2, os.W_OK):
+            return v2
+    return None
 
 
 def _allowed_paths(interpreter: str) -> list[str]:
@@ -272,6 +347,23 @@ def _stop(proc: subprocess.Popen[bytes], *, kill_namespace: bool) -> int:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     return proc.wait()
+
+
+def _kill_user(uid: int) -> None:
+    """SIGKILL every process of ``uid`` until none is left."""
+    for _ in range(50):
+        pids = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            with contextlib.suppress(OSError):
+                line = next(x for x in status.read_text().splitlines() if x.startswith("Uid:"))
+                if int(line.split()[1]) == uid:
+                    pids.append(int(status.parent.name))
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
 
 
 def _children(pid: int) -> list[int]:

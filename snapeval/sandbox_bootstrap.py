@@ -1,6 +1,7 @@
 """The sandbox's bootstrap: run by :mod:`snapeval.sandbox` between ``unshare`` and the program.
 
-It is executed as a script (``python -I -S -c <this file's text> ARGS``), standard library only. In a
+It is executed as a script (``python -I -S -c <this file's text> ARGS``), standard library only. It
+first joins the run's memory cgroup, if the harness made one. In a
 private mount namespace it builds the program's root from an allow-list instead of showing it the
 machine: a fresh tmpfs holding read-only bind mounts of the interpreter and the system libraries
 (``allowed``), ``/dev/{null,zero,random,urandom,full}``, a private ``/proc``, a small ``/tmp`` and the
@@ -94,9 +95,12 @@ def confined_root(root, allowed, disk, owner):
             check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capabilities")
 
 
-def main(report, workdir, namespaces, uid, memory, processes, file_size, cpu, disk, allowed, python):
+def main(report, cgroup, workdir, namespaces, uid, memory, processes, file_size, cpu, disk, allowed, python):
     os.set_inheritable(report, False)
     os.write(report, b"\0")
+    if cgroup != "-":  # join the run's memory cgroup first: every process after this is inside it
+        with open(cgroup, "w") as f:
+            f.write("0")
     program = os.path.join(workdir, "main.py")
     if namespaces == "1":
         confined_root(workdir, allowed.split(os.pathsep), int(disk), uid)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -394,3 +395,73 @@ def test_all_files_of_a_program_together_are_capped() -> None:
     limits = SandboxLimits(max_disk_bytes=64 << 20, memory_bytes=2 << 30)
     written, errno = run_program(writer, limits=limits).stdout.split()
     assert int(written) <= 4 and errno == "28"  # ENOSPC
+
+
+@pytest.fixture
+def without_namespaces(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This machine as one where unshare cannot create namespaces."""
+    root = os.geteuid() == 0
+    monkeypatch.setattr(
+        sandbox, "_candidate_wrappers", lambda: iter([((), sandbox.SANDBOX_UID if root else None)])
+    )
+    monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+    sandbox.isolation.cache_clear()
+    yield
+    sandbox.isolation.cache_clear()
+
+
+def test_without_namespaces_model_code_is_refused_unless_allowed(without_namespaces, monkeypatch) -> None:
+    with pytest.raises(SnapevalError, match=f"set {sandbox.UNSAFE_ENV}=1") as refused:
+        run_program("print('hi')")
+    assert refused.value.field == sandbox.UNSAFE_ENV and "\n" not in str(refused.value)
+    monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
+    sandbox.isolation.cache_clear()
+    assert run_program("print('hi')").stdout == "hi\n"
+    assert not sandbox.isolation().namespaces
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a fresh uid per program needs a root harness")
+def test_without_namespaces_each_program_is_its_own_user_and_leaves_nothing_running(
+    without_namespaces, monkeypatch, open_folder: Path
+) -> None:
+    monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
+    marker = open_folder / "daemon-was-here"
+    daemon = program(
+        f"""
+        import os, time
+        print(os.getuid(), flush=True)
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(1.5)
+                open({str(marker)!r}, "w").write("late")
+            os._exit(0)
+        """
+    )
+    uids = {run_program(daemon).stdout.strip() for _ in range(2)}
+    assert len(uids) == 2 and str(sandbox.SANDBOX_UID) not in uids
+    time.sleep(2.5)
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(sandbox._memory_cgroup_root() is None, reason="no memory cgroup can be created here")
+def test_all_processes_of_a_program_together_are_capped_in_memory() -> None:
+    """Four children of 600 MiB each, every one under the per-process limit: the run's memory cgroup
+    (1 GiB here) lets at most one of them live; with room for all four, all four do."""
+    children = program(
+        """
+        import os, time
+        pids = []
+        for _ in range(4):
+            pid = os.fork()
+            if pid == 0:
+                block = bytearray(600 << 20)
+                time.sleep(1.0)  # all four hold their memory at once
+                os._exit(0)
+            pids.append(pid)
+        print(sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in pids))
+        """
+    )
+    assert int(run_program(children, limits=SandboxLimits(total_memory_bytes=1 << 30)).stdout) <= 1
+    assert run_program(children, limits=SandboxLimits(total_memory_bytes=8 << 30)).stdout.split() == ["4"]
+    assert not list(sandbox._memory_cgroup_root().glob("snapeval-*"))  # every run's cgroup is gone
