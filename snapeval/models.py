@@ -133,8 +133,3 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str
     """
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
-    """The id that left-pads a batch: the tokenizer's pad token, or its EOS when it has none."""
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
