@@ -120,18 +120,20 @@ def isolation() -> Isolation:
     3. resource limits only, and only with :data:`UNSAFE_ENV` set (as root, each program then runs as
        a fresh uid whose processes are all killed when it ends).
 
-    For each, the first interpreter that the program's uid can run (the harness's own Python,
-    else the system ``python3``) is used.
+    Programs always run in the interpreter snapeval runs in (``sys.executable``, with its
+    site-packages): a machine where the sandbox cannot run it is an error, never another Python.
     """
     for wrapper, uid in _candidate_wrappers():
-        for interpreter in _candidate_interpreters():
-            candidate, works = Isolation(wrapper, uid, interpreter), False
-            with contextlib.suppress(SnapevalError):
-                probe = "import os, sys; sys.exit(0 if os.access(sys.executable, os.X_OK) else 1)"
-                works = _execute(probe, "", DEFAULT_LIMITS, candidate).status == "ok"
-            if works:
-                return _unless_unsafe(candidate)
-    raise SnapevalError("no way to run sandboxed Python programs on this machine")
+        candidate, works = Isolation(wrapper, uid, sys.executable), False
+        with contextlib.suppress(SnapevalError):
+            probe = "import os, sys; sys.exit(0 if os.access(sys.executable, os.X_OK) else 1)"
+            works = _execute(probe, "", DEFAULT_LIMITS, candidate).status == "ok"
+        if works:
+            return _unless_unsafe(candidate)
+    raise SnapevalError(
+        f"the sandbox cannot run this interpreter ({sys.executable}) on this machine; model-written code "
+        "is graded only by the interpreter snapeval runs in"
+    )
 
 
 def _unless_unsafe(candidate: Isolation) -> Isolation:
@@ -154,13 +156,6 @@ def _candidate_wrappers() -> Iterator[tuple[tuple[str, ...], int | None]]:
     if unshare:
         yield (unshare, "--user", "--map-root-user", *_NAMESPACE_FLAGS), None
     yield (), SANDBOX_UID if root else None
-
-
-def _candidate_interpreters() -> Iterator[str]:
-    yield sys.executable
-    system_python = shutil.which("python3", path=os.defpath)
-    if system_python and os.path.realpath(system_python) != os.path.realpath(sys.executable):
-        yield system_python
 
 
 def _execute(code: str, stdin: str, limits: SandboxLimits, iso: Isolation) -> ExecutionResult:

@@ -464,4 +464,11 @@ def test_all_processes_of_a_program_together_are_capped_in_memory() -> None:
     )
     assert int(run_program(children, limits=SandboxLimits(total_memory_bytes=1 << 30)).stdout) <= 1
     assert run_program(children, limits=SandboxLimits(total_memory_bytes=8 << 30)).stdout.split() == ["4"]
-    assert not list(sandbox._memory_cgroup_root().glob("snapeval-*"))  # every run's cgroup is gone
+    assert not list(sandbox._memory_cgroup_root().glob(f"snapeval-{os.getpid()}-*"))  # all removed
+
+
+def test_programs_run_in_the_harness_interpreter_with_its_packages() -> None:
+    """Grading never silently switches to another Python: the same interpreter, numpy importable."""
+    probe = "import sys, numpy\nprint(sys.executable)\nprint(sys.version)"
+    executable, version = run_program(probe).stdout.splitlines()[:2]
+    assert (executable, version) == (sys.executable, sys.version.splitlines()[0])
