@@ -11,13 +11,13 @@ from snapeval.models import encode_chat
 from snapeval.results import load
 
 from .conftest import compose_config
-from .paths import SHARED_DATA
+from .paths import SHARED_DATA, needs_shared_data
+
+pytestmark = needs_shared_data
 
 
 @pytest.fixture(autouse=True)
 def shared_data(monkeypatch):
-    if not SHARED_DATA.exists():
-        pytest.skip(f"no shared benchmark data at {SHARED_DATA}")
     monkeypatch.setenv("SNAPEVAL_DATA_DIR", str(SHARED_DATA))
 
 

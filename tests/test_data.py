@@ -9,9 +9,10 @@ import pytest
 from snapeval.data import AIME24, LIVECODEBENCH, LONGBENCH_V2, load_rows
 from snapeval.errors import SnapevalError
 
-from .paths import SHARED_DATA
+from .paths import SHARED_DATA, needs_shared_data
 
 
+@needs_shared_data
 def test_shared_data_loads_through_the_environment_variable(monkeypatch):
     monkeypatch.setenv("SNAPEVAL_DATA_DIR", str(SHARED_DATA))
     assert len(load_rows(AIME24)) == 30

@@ -16,7 +16,7 @@ import pytest
 
 from snapeval.paths import TASKS_DIR
 
-from .paths import SHARED_DATA
+from .paths import SHARED_DATA, needs_shared_data
 
 
 def fresh_python(code: str, cwd: Path) -> str:
@@ -58,7 +58,10 @@ def test_start_up_hook_imports_nothing_heavy(tmp_path):
     [
         ("snapeval_ruler_passkey", ["--metadata", '{"context_length": 384, "num_samples": 2}'], "score,none"),
         pytest.param(
-            "snapeval_aime24", ["--gen_kwargs", "max_gen_toks=64"], "acc,none", marks=pytest.mark.slow
+            "snapeval_aime24",
+            ["--gen_kwargs", "max_gen_toks=64"],
+            "acc,none",
+            marks=[pytest.mark.slow, needs_shared_data],
         ),
     ],
 )
