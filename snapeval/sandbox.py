@@ -124,12 +124,12 @@ def isolation() -> Isolation:
     site-packages): a machine where the sandbox cannot run it is an error, never another Python.
     """
     for wrapper, uid in _candidate_wrappers():
-        candidate, works = Isolation(wrapper, uid, sys.executable), False
+        candidate, works = _unless_unsafe(Isolation(wrapper, uid, sys.executable)), False
         with contextlib.suppress(SnapevalError):
             probe = "import os, sys; sys.exit(0 if os.access(sys.executable, os.X_OK) else 1)"
             works = _execute(probe, "", DEFAULT_LIMITS, candidate).status == "ok"
         if works:
-            return _unless_unsafe(candidate)
+            return candidate
     raise SnapevalError(
         f"the sandbox cannot run this interpreter ({sys.executable}) on this machine; model-written code "
         "is graded only by the interpreter snapeval runs in"
