@@ -31,7 +31,7 @@ import torch
 from transformers import PreTrainedModel
 
 from snapeval.cache import SnapevalCache, build_cache
-from snapeval.cache.slots import SlotCache
+from snapeval.cache.slots import SlotCache, rerotates
 from snapeval.errors import SnapevalError
 from snapeval.generation import prompt_logits, synchronize, take_token
 from snapeval.sampling import Sampling, sample_one, sample_tokens
@@ -128,14 +128,19 @@ class _Prefill:
     seconds: float  # this prefill's share per request
 
 
+def check_compile(mode: str) -> None:
+    """Reject a ``generation.compile`` value that is not one of :data:`COMPILE_MODES`."""
+    if mode not in COMPILE_MODES:
+        raise SnapevalError(f"choose one of {', '.join(COMPILE_MODES)}, got {mode!r}", "generation.compile")
+
+
 def compiles(mode: str, device: torch.device) -> bool:
     """Whether ``generation.compile`` = ``mode`` compiles the decode step on ``device``.
 
     ``auto`` compiles on CUDA (where CUDA graphs remove the launch overhead that dominates a decode
     step) and not on CPU, where compiling takes minutes and gains little (see benchmarks/README.md).
     """
-    if mode not in COMPILE_MODES:
-        raise SnapevalError(f"choose one of {', '.join(COMPILE_MODES)}, got {mode!r}", "generation.compile")
+    check_compile(mode)
     return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
@@ -195,9 +200,7 @@ class ContinuousBatcher:
         state = _RowSampling.empty(self.rows, device)
         for request in queue:  # settle the step's Python flags before it first compiles
             state.note(request.sampling)
-            self.slots.any_rerotate |= (
-                bool(request.cache.get("rerotate")) and request.cache["method"] == "streaming_llm"
-            )
+            self.slots.any_rerotate |= rerotates(build_cache(request.cache, strict=False))
         _pin_for_cuda_graphs([state.do_sample, state.temperature, state.top_p, state.seed, state.counter])
         step = self._compiled_step() if self.compiled else self.step
         tokens = torch.zeros(self.rows, dtype=torch.long, device=device)

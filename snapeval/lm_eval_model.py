@@ -27,7 +27,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from snapeval.cache import build_cache, install
-from snapeval.continuous import Answer, ContinuousBatcher, Request, compiles
+from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
 from snapeval.errors import SnapevalError
 from snapeval.generation import continuation_logprob
 from snapeval.models import load_model, load_tokenizer, model_spec
@@ -72,7 +72,7 @@ class SnapStreamLM(LM):
         if compression not in COMPRESSIONS:
             raise SnapevalError(f"choose one of {', '.join(COMPRESSIONS)}", "compression")
         self.batch_size = _batch_size(batch_size)
-        compiles(compile, torch.device("cpu"))  # a bad choice fails before the model loads
+        check_compile(compile)  # a bad choice fails before the model loads
         self.cache_parameters = {
             "method": method,
             **{k: cache_parameters[k] for k in CACHE_PARAMETERS if k in cache_parameters},

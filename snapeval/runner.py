@@ -19,7 +19,7 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from snapeval.cache import build_cache, install
-from snapeval.continuous import Answer, ContinuousBatcher, Request, compiles
+from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
 from snapeval.errors import SnapevalError
 from snapeval.models import ModelSpec, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window
@@ -65,7 +65,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         raise SnapevalError(f"must be a positive integer or null, got {max_new}", "generation.max_new_tokens")
     if cfg["generation"]["do_sample"] and cfg["generation"]["temperature"] <= 0:
         raise SnapevalError("must be > 0 when sampling", "generation.temperature")
-    compiles(cfg["generation"]["compile"], torch.device("cpu"))  # checks the choice
+    check_compile(cfg["generation"]["compile"])
     AnswerPass.from_config(task.get("answer_pass"))
 
 

@@ -10,7 +10,6 @@ import zlib
 from datetime import date
 from functools import cache
 from itertools import combinations
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +19,9 @@ from snapeval.benchmarks import livecodebench as lcb
 from snapeval.benchmarks import longbench_v2 as lb
 from snapeval.sandbox import SandboxLimits
 
-DATA_DIR = Path(
-    os.environ.get("SNAPEVAL_DATA_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "data"
-)
+from .paths import SHARED_DATA
+
+DATA_DIR = SHARED_DATA
 
 
 @cache

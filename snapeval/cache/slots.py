@@ -30,6 +30,12 @@ from snapeval.cache.rope import rotate_keys
 from snapeval.errors import SnapevalError
 
 
+def rerotates(cache: SnapevalCache) -> bool:
+    """Whether ``cache`` turns its sink keys to their positions inside the cache (StreamingLLM's
+    ``rerotate``)."""
+    return bool(getattr(cache, "rerotate", False))
+
+
 class SlotCache:
     """``rows`` decode rows of ``capacity`` slots per layer and KV head, filled one request at a time.
 
@@ -138,7 +144,7 @@ class SlotCache:
         self.ring_next[row] = first.ring_next if fixed else 0
         self.seen[row] = first.seen
         self.wraps[row] = 0
-        rerotate = bool(getattr(cache, "rerotate", False)) and ring_start > 0
+        rerotate = rerotates(cache) and ring_start > 0
         self.rerotate[row] = rerotate
         if rerotate and self.inv_freq is None:
             raise SnapevalError("re-rotating keys needs the model's RoPE frequencies", "cache.rerotate")
