@@ -3,9 +3,10 @@
 :class:`ContinuousBatcher` owns ``rows`` decode slots (a :class:`~snapeval.cache.slots.SlotCache`,
 allocated once for the largest request) and a queue of :class:`Request` s. Whenever a row is free, the
 next request is prefilled on its own into a fresh snapeval cache (which compresses itself), and that
-cache is copied into the row; requests with the same prompt and cache settings (the draws of one
-problem) share one prefill. Then one decode step advances every row by one token. A row that stops
-frees its slot for the next request at once: the batch never waits for its longest row.
+cache is copied into the row. Requests with the same prompt share one prefill: the draws of one
+problem, and the points of a sweep grid, whose caches are all filled from that one prefill by a
+:class:`~snapeval.cache.grid.CacheGrid`. Then one decode step advances every row by one token. A row
+that stops frees its slot for the next request at once: the batch never waits for its longest row.
 
 The decode step (tokens of every row -> next token of every row, sampling included) performs no host
 synchronisation and no branch on tensor values; :meth:`ContinuousBatcher.step` may be compiled
@@ -31,9 +32,10 @@ import torch
 from transformers import PreTrainedModel
 
 from snapeval.cache import SnapevalCache, build_cache
+from snapeval.cache.grid import CacheGrid
 from snapeval.cache.slots import SlotCache, rerotates
 from snapeval.errors import SnapevalError
-from snapeval.generation import prompt_logits, synchronize, take_token
+from snapeval.generation import append_logits, prefill_logits, synchronize, take_token
 from snapeval.sampling import Sampling, sample_one, sample_tokens
 
 COMPILE_MODES = ("auto", "off", "on")
@@ -57,7 +59,12 @@ class Request:
     tag: Any = None
 
     def prefill_key(self) -> tuple:
-        return (self.prompt_ids, self.compress_at, tuple(sorted(self.cache.items())))
+        """Requests with equal keys share one prefill, whatever their cache settings."""
+        return (self.prompt_ids, self.compress_at)
+
+    def setting(self) -> tuple:
+        """The effective cache settings (parameters a method ignores left out)."""
+        return tuple(sorted(build_cache(self.cache, strict=False).params().items()))
 
 
 @dataclass
@@ -122,10 +129,11 @@ class _RowSampling:
 
 @dataclass
 class _Prefill:
-    key: tuple
-    cache: SnapevalCache
-    logits: torch.Tensor
-    seconds: float  # this prefill's share per request
+    """One prompt's prefill: a filled cache and first-token logits per setting, and seconds per request."""
+
+    caches: dict[tuple, SnapevalCache] = field(default_factory=dict)
+    logits: dict[tuple, torch.Tensor] = field(default_factory=dict)
+    seconds: dict[tuple, float] = field(default_factory=dict)
 
 
 def check_compile(mode: str) -> None:
@@ -205,7 +213,7 @@ class ContinuousBatcher:
         step = self._compiled_step() if self.compiled else self.step
         tokens = torch.zeros(self.rows, dtype=torch.long, device=device)
         rows: list[_Row | None] = [None] * self.rows
-        last: _Prefill | None = None
+        live: dict[tuple, _Prefill] = {}  # prompts with requests still to admit
 
         def finish(index: int, stopped: str) -> None:
             row = rows[index]
@@ -225,11 +233,15 @@ class ContinuousBatcher:
             for index in range(self.rows):
                 while admit and rows[index] is None and queue:
                     request = queue.popleft()
-                    if last is not None and last.key != request.prefill_key():
-                        last = None  # its rows hold their copies: free it before the next prefill
-                    last = self._prefill(request, last, shares)
-                    first = sample_one(last.logits, request.sampling, 0)
-                    rows[index] = self._load(index, request, last, state)
+                    key, setting = request.prefill_key(), request.setting()
+                    prefill = live.setdefault(key, _Prefill())
+                    if setting not in prefill.caches:
+                        self._prefill(request, queue, prefill)
+                    shares[key] -= 1
+                    if shares[key] == 0:
+                        del live[key]  # its rows hold their copies
+                    first = sample_one(prefill.logits[setting], request.sampling, 0)
+                    rows[index] = self._load(index, request, prefill, state)
                     stopped = take_token(
                         rows[index].tokens,
                         first,
@@ -283,30 +295,38 @@ class ContinuousBatcher:
         mode = "reduce-overhead" if self.model.device.type == "cuda" else None
         return torch.compile(self.step, fullgraph=True, dynamic=False, mode=mode)
 
-    def _prefill(self, request: Request, last: _Prefill | None, shares: Counter) -> _Prefill:
-        """The prefilled cache of ``request``: the last one when it has the same prompt and settings."""
+    def _prefill(self, request: Request, queue: Iterable[Request], prefill: _Prefill) -> None:
+        """Fill ``prefill`` with a cache for every setting that ``request`` and the queued requests of
+        its prompt ask for and it lacks, from one prefill call; its seconds are split among them."""
         key = request.prefill_key()
-        count, shares[key] = shares[key], shares[key] - 1
-        if last is not None and last.key == key:
-            return last
-        cache = build_cache(request.cache, strict=False)
+        group = [request, *(other for other in queue if other.prefill_key() == key)]
+        settings = {other.setting(): other.cache for other in group if other.setting() not in prefill.caches}
+        caches = {setting: build_cache(params, strict=False) for setting, params in settings.items()}
+        shared = next(iter(caches.values())) if len(caches) == 1 else CacheGrid(list(caches.values()))
+        split = request.compress_at or len(request.prompt_ids)
         start = time.perf_counter()
-        logits = prompt_logits(self.model, list(request.prompt_ids), cache, request.compress_at)[-1]
+        logits = prefill_logits(self.model, request.prompt_ids[:split], shared)[-1]
+        for setting, cache in caches.items():  # the query of a query-agnostic prompt, per cache
+            appended = append_logits(self.model, request.prompt_ids[split:], cache)
+            prefill.logits[setting] = logits if appended is None else appended[-1]
         synchronize(self.model.device)
-        return _Prefill(key, cache, logits, (time.perf_counter() - start) / max(count, 1))
+        share = (time.perf_counter() - start) / sum(other.setting() in caches for other in group)
+        prefill.caches.update(caches)
+        prefill.seconds.update(dict.fromkeys(caches, share))
 
     def _load(self, index: int, request: Request, prefill: _Prefill, state: _RowSampling) -> _Row:
         appended = len(request.prompt_ids) - (request.compress_at or len(request.prompt_ids))
-        slots = self.slots.load_row(index, prefill.cache, appended + request.max_new_tokens)
+        cache = prefill.caches[request.setting()]
+        slots = self.slots.load_row(index, cache, appended + request.max_new_tokens)
         state.set_row(index, request.sampling)
-        first = prefill.cache.layers[0]
+        first = cache.layers[0]
         return _Row(
             request,
-            prefill.cache.method,
+            cache.method,
             fixed=first.capacity is not None,
             slots=slots,
             pinned=first.keys.shape[2] if first.capacity is None else first.capacity,
-            prefill_s=prefill.seconds,
+            prefill_s=prefill.seconds[request.setting()],
         )
 
     def _answer(self, index: int, row: _Row, stopped: str) -> Answer:

@@ -40,15 +40,28 @@ def prompt_logits(
     alone when there is no split): the prefix is prefilled in one call, the rest appended in chunks the
     cache can take."""
     split = compress_at or len(prompt_ids)
-    device = model.device
-    prefix = torch.tensor([list(prompt_ids[:split])], device=device)
-    logits = [model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0]]
-    rest = list(prompt_ids[split:])
+    logits = prefill_logits(model, prompt_ids[:split], cache)
+    appended = append_logits(model, prompt_ids[split:], cache)
+    return logits if appended is None else torch.cat([logits, appended])
+
+
+def prefill_logits(model: PreTrainedModel, prompt_ids: Sequence[int], cache: Cache) -> torch.Tensor:
+    """(1, vocab) logits of the last of ``prompt_ids``, prefilled in one call (a snapeval cache, or a
+    :class:`~snapeval.cache.grid.CacheGrid` of several, compresses itself during that call)."""
+    prefix = torch.tensor([list(prompt_ids)], device=model.device)
+    return model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0]
+
+
+def append_logits(model: PreTrainedModel, token_ids: Sequence[int], cache: Cache) -> torch.Tensor | None:
+    """(len(token_ids), vocab) logits of ``token_ids`` appended to a prefilled ``cache``, in chunks the
+    cache can take; None when there is nothing to append."""
+    rest = list(token_ids)
     chunk = _append_limit(cache) or len(rest) or 1
+    logits = []
     for start in range(0, len(rest), chunk):
-        piece = torch.tensor([rest[start : start + chunk]], device=device)
+        piece = torch.tensor([rest[start : start + chunk]], device=model.device)
         logits.append(model(input_ids=piece, past_key_values=cache, use_cache=True).logits[0])
-    return torch.cat(logits)
+    return torch.cat(logits) if logits else None
 
 
 def synchronize(device: torch.device) -> None:

@@ -19,6 +19,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from snapeval.cache import SnapKVCache, SnapStreamCache, StreamingLLMCache
 from snapeval.cache.attention import ATTENTION_NAME
+from snapeval.cache.base import LayerPrompt
 from snapeval.models import encode_chat
 
 TOLERANCE = 1e-4
@@ -70,7 +71,7 @@ def test_snapkv_selection_matches_naive_reference_on_random_tensors(pooling, gqa
     k = torch.randn(1, 2, 40, 8, generator=generator)
     valid = torch.ones(1, 40, dtype=torch.bool)
     cache = SnapKVCache(budget=20, window=6, kernel=5, pooling=pooling, gqa_reduce=gqa_reduce)
-    selected = cache.select(k, q, valid, 1 / math.sqrt(8)).pinned[0].tolist()
+    selected = cache.select(LayerPrompt(k, q, valid, 1 / math.sqrt(8))).pinned[0].tolist()
     assert selected == reference_keep(q[0], k[0], 6, 5, pooling, gqa_reduce, keep=20)
 
 
@@ -80,7 +81,7 @@ def test_snapstream_selection_pins_sinks_and_window_on_random_tensors():
     k = torch.randn(1, 2, 50, 8, generator=generator)
     valid = torch.ones(1, 50, dtype=torch.bool)
     cache = SnapStreamCache(budget=30, window=5, kernel=3, sinks=2, ring=6)
-    selection = cache.select(k, q, valid, 1 / math.sqrt(8))
+    selection = cache.select(LayerPrompt(k, q, valid, 1 / math.sqrt(8)))
     assert selection.capacity == 30
     assert selection.pinned[0].tolist() == reference_keep(q[0], k[0], 5, 3, "max", "mean", keep=24, sinks=2)
 

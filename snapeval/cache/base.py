@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import math
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -39,6 +39,27 @@ class Selection:
     pinned: torch.Tensor | None = None
     ring: torch.Tensor | None = None
     capacity: int | None = None
+
+
+@dataclass
+class LayerPrompt:
+    """One layer's prompt at the end of prefill, as every method selects from it.
+
+    ``keys``: (batch, kv_heads, L, head_dim) post-RoPE keys; ``query``: (batch, heads, L, head_dim)
+    post-RoPE queries; ``valid``: (batch, L) real (non-padding) columns; ``scaling``: the attention scale.
+    ``scores``: where scoring keeps what several selections from one prefill share (see
+    :mod:`snapeval.cache.scoring`); a prompt is never changed in place.
+    """
+
+    keys: torch.Tensor
+    query: torch.Tensor
+    valid: torch.Tensor
+    scaling: float
+    scores: dict = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[2]
 
 
 class KVLayer(CacheLayerMixin):
@@ -175,14 +196,8 @@ class SnapevalCache(Cache):
         super().__init__(layer_class_to_replicate=KVLayer)
 
     @abstractmethod
-    def select(
-        self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
-    ) -> Selection:
-        """Choose what a layer keeps of its prompt.
-
-        keys: (batch, kv_heads, L, head_dim) post-RoPE prompt keys; query: (batch, heads, L, head_dim)
-        post-RoPE prompt queries; valid: (batch, L) real (non-padding) columns.
-        """
+    def select(self, prompt: LayerPrompt) -> Selection:
+        """Choose what a layer keeps of its ``prompt``."""
 
     @classmethod
     def parameter_names(cls) -> list[str]:
@@ -210,7 +225,17 @@ class SnapevalCache(Cache):
         self, layer_idx: int, query: torch.Tensor, valid: torch.Tensor, scaling: float
     ) -> None:
         layer = self.layers[layer_idx]
-        layer.keep(valid, self.select(layer.keys, query, valid, scaling))
+        prompt = LayerPrompt(layer.keys, query, valid, scaling)
+        layer.keep(valid, self.select(prompt))
+
+    def fill_layer(self, layer_idx: int, prompt: LayerPrompt, values: torch.Tensor) -> None:
+        """Prefill and compress ``layer_idx`` from a prefill computed elsewhere (a shared one, see
+        :class:`~snapeval.cache.grid.CacheGrid`): exactly what this cache's own prefill would hold."""
+        while len(self.layers) <= layer_idx:
+            self.layers.append(KVLayer())
+        layer = self.layers[layer_idx]
+        layer.update(prompt.keys, values)
+        layer.keep(prompt.valid, self.select(prompt))
 
     def attention_mask(self, layer_idx: int, query_length: int, num_heads: int) -> torch.Tensor | None:
         return self.layers[layer_idx].attention_mask(query_length, num_heads)

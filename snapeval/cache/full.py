@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from snapeval.cache.base import Selection, SnapevalCache
+from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
 
 
 class FullCache(SnapevalCache):
@@ -15,7 +13,5 @@ class FullCache(SnapevalCache):
 
     method = "full"
 
-    def select(
-        self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
-    ) -> Selection:
+    def select(self, prompt: LayerPrompt) -> Selection:
         return Selection()

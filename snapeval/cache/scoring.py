@@ -6,6 +6,9 @@
    that the neighbours of an important token survive with it.
 3. :func:`reduce_gqa`: the query heads of each KV group reduced to one score per KV head (mean or max).
 4. :func:`top_columns`: the highest-priority columns per KV head; ties go to the earlier column.
+
+:func:`snapkv_priority` composes 1-3 for one layer's prompt and remembers the results in the prompt, so
+that every setting selected from one prefill (a :class:`~snapeval.cache.grid.CacheGrid`) reuses them.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from snapeval.cache.base import EMPTY
+from snapeval.cache.base import EMPTY, LayerPrompt
 
 POOLINGS = ("max", "avg")
 GQA_REDUCTIONS = ("mean", "max")
@@ -71,24 +74,26 @@ def _ascending(columns: torch.Tensor, sentinel: int) -> torch.Tensor:
 
 
 def snapkv_priority(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    valid: torch.Tensor,
-    scaling: float,
-    window: int,
-    kernel: int,
-    pooling: str,
-    gqa_reduce: str,
+    prompt: LayerPrompt, window: int, kernel: int, pooling: str, gqa_reduce: str
 ) -> torch.Tensor:
-    """(batch, kv_heads, L) SnapKV priority of every prompt column.
+    """(batch, kv_heads, L) SnapKV priority of every column of a layer's ``prompt``.
 
     The prefix (all but the last ``window`` columns) is scored by window attention, pooled, then reduced
-    over each GQA group; window columns get +inf (always kept) and padding -inf (never kept).
+    over each GQA group; window columns get +inf (always kept) and padding -inf (never kept). The window
+    attention and the priority are kept in ``prompt.scores``: selections from one prefill that share a
+    window (or every setting) compute it once, with the very operations a selection alone would run.
     """
-    length = keys.shape[2]
-    prefix = length - min(window, length)
-    scores = window_attention(query, keys, valid, window, scaling)[..., :prefix]
-    scores = reduce_gqa(pool_scores(scores, kernel, pooling), keys.shape[1], gqa_reduce)
-    forced = scores.new_full((*scores.shape[:2], length - prefix), float("inf"))
-    priority = torch.cat([scores, forced], dim=-1)
-    return priority.masked_fill(~valid[:, None, :], float("-inf"))
+    setting = ("priority", window, kernel, pooling, gqa_reduce)
+    if setting in prompt.scores:
+        return prompt.scores[setting]
+    attention = prompt.scores.get(("window", window))
+    if attention is None:
+        attention = window_attention(prompt.query, prompt.keys, prompt.valid, window, prompt.scaling)
+        prompt.scores[("window", window)] = attention
+    prefix = prompt.length - min(window, prompt.length)
+    pooled = pool_scores(attention[..., :prefix], kernel, pooling)
+    scores = reduce_gqa(pooled, prompt.keys.shape[1], gqa_reduce)
+    forced = scores.new_full((*scores.shape[:2], prompt.length - prefix), float("inf"))
+    priority = torch.cat([scores, forced], dim=-1).masked_fill(~prompt.valid[:, None, :], float("-inf"))
+    prompt.scores[setting] = priority
+    return priority

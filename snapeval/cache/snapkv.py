@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from snapeval.cache.base import Selection, SnapevalCache, resolve_budget
+from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
 from snapeval.cache.scoring import snapkv_priority, top_columns
 from snapeval.cache.validation import check_budget, check_snapkv_scoring
 
@@ -43,14 +41,9 @@ class SnapKVCache(SnapevalCache):
         budget = resolve_budget(self.budget, self.ratio, prompt_length, self.window + 1)
         return min(prompt_length, budget) + new_tokens
 
-    def select(
-        self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
-    ) -> Selection:
-        length = keys.shape[2]
-        budget = resolve_budget(self.budget, self.ratio, length, self.window + 1)
-        if length <= budget:
+    def select(self, prompt: LayerPrompt) -> Selection:
+        budget = resolve_budget(self.budget, self.ratio, prompt.length, self.window + 1)
+        if prompt.length <= budget:
             return Selection()
-        priority = snapkv_priority(
-            query, keys, valid, scaling, self.window, self.kernel, self.pooling, self.gqa_reduce
-        )
+        priority = snapkv_priority(prompt, self.window, self.kernel, self.pooling, self.gqa_reduce)
         return Selection(pinned=top_columns(priority, budget))

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from snapeval.cache.base import Selection, SnapevalCache, resolve_budget
+from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
 from snapeval.cache.scoring import first_valid_columns, snapkv_priority, top_columns
 from snapeval.cache.validation import check_budget, check_count, check_snapkv_scoring
 
@@ -48,16 +46,13 @@ class SnapStreamCache(SnapevalCache):
             self.budget, self.ratio, prompt_length, self.window + self.sinks + self.ring + 1
         )
 
-    def select(
-        self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
-    ) -> Selection:
-        length = keys.shape[2]
-        capacity = resolve_budget(self.budget, self.ratio, length, self.window + self.sinks + self.ring + 1)
+    def select(self, prompt: LayerPrompt) -> Selection:
+        minimum = self.window + self.sinks + self.ring + 1
+        capacity = resolve_budget(self.budget, self.ratio, prompt.length, minimum)
         prompt_slots = capacity - self.ring
-        if length <= prompt_slots:
+        if prompt.length <= prompt_slots:
             return Selection(capacity=capacity)
-        priority = snapkv_priority(
-            query, keys, valid, scaling, self.window, self.kernel, self.pooling, self.gqa_reduce
-        )
-        priority = priority.masked_fill(first_valid_columns(valid, self.sinks)[:, None], float("inf"))
+        priority = snapkv_priority(prompt, self.window, self.kernel, self.pooling, self.gqa_reduce)
+        sinks = first_valid_columns(prompt.valid, self.sinks)
+        priority = priority.masked_fill(sinks[:, None], float("inf"))
         return Selection(pinned=top_columns(priority, prompt_slots), capacity=capacity)

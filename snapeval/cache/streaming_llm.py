@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 
 from snapeval.cache.attention import ROPE_INV_FREQ
-from snapeval.cache.base import EMPTY, KVLayer, Selection, SnapevalCache, resolve_budget
+from snapeval.cache.base import (
+    EMPTY,
+    KVLayer,
+    LayerPrompt,
+    Selection,
+    SnapevalCache,
+    resolve_budget,
+)
 from snapeval.cache.rope import rotate_keys
 from snapeval.cache.scoring import first_valid_columns, top_columns
 from snapeval.cache.validation import check_budget, check_count
@@ -42,13 +49,12 @@ class StreamingLLMCache(SnapevalCache):
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
         return resolve_budget(self.budget, self.ratio, prompt_length, self.sinks + 1)
 
-    def select(
-        self, keys: torch.Tensor, query: torch.Tensor, valid: torch.Tensor, scaling: float
-    ) -> Selection:
-        batch, kv_heads, length, _ = keys.shape
+    def select(self, prompt: LayerPrompt) -> Selection:
+        batch, kv_heads, length, _ = prompt.keys.shape
+        valid = prompt.valid
         capacity = resolve_budget(self.budget, self.ratio, length, self.sinks + 1)
         sinks = first_valid_columns(valid, self.sinks)
-        columns = torch.arange(length, device=keys.device, dtype=torch.float32).expand(batch, length)
+        columns = torch.arange(length, device=valid.device, dtype=torch.float32).expand(batch, length)
         sink_priority = torch.where(sinks, 0.0, float("-inf"))
         recent_priority = torch.where(valid & ~sinks, columns, float("-inf"))
         eligible = int((valid & ~sinks).sum(dim=-1).max())
