@@ -25,7 +25,7 @@ def main(cfg: DictConfig) -> None:
             return
         if config["job"] != "evaluate":
             raise SnapevalError(f"unknown job {config['job']!r}; choose one of evaluate, memory", "job")
-        summary = run(config)
+        summaries = run(config)
     except SnapevalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
@@ -36,7 +36,7 @@ def main(cfg: DictConfig) -> None:
             raise
         print(f"error: this point failed ({type(exc).__name__}: {exc}); the sweep goes on", file=sys.stderr)
         return
-    print(format_summary(config, summary))
+    print(format_summary(summaries))
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def run_gate(gate: Gate, db_url: str) -> None:
     """Run what the database lacks of the gate's full-cache and compressed settings."""
     for config in gate.configs(db_url):
         start = time.perf_counter()
-        summary = run(config)
+        [summary] = run(config)
         print(
             f"{gate.name}: {config['cache']['method']}: {summary.n} samples, {summary.computed} computed "
             f"in {time.perf_counter() - start:.0f} s",

@@ -1,41 +1,49 @@
-"""Compose model + cache + task, run every sample not yet stored, record it, and summarize.
+"""Compose model + cache (or a grid of caches) + task, run every sample not yet stored, record it, and
+summarize.
 
 The runner knows no compression method (it asks :func:`snapeval.cache.build_cache`) and no task
 (it asks :func:`snapeval.tasks.load_task`). Each scored sample is committed to the results database as
-soon as it is done, so an interrupted run resumes where it stopped.
+soon as it is done, so an interrupted run resumes where it stopped. A grid (:mod:`snapeval.grid`) is
+stored as one run per cache setting, exactly as those settings run one at a time would be.
 """
 
 from __future__ import annotations
 
-import resource
+import sys
 import zlib
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
 from tabulate import tabulate
 from tqdm import tqdm
-from transformers import PreTrainedTokenizerBase
 
 from snapeval.cache import build_cache, install
 from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
 from snapeval.errors import SnapevalError
+from snapeval.grid import check_grid, grid_points, shares_prefill
 from snapeval.models import ModelSpec, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window
+from snapeval.records import answer_text, sample_row
 from snapeval.results import ResultsDB, config_hash
 from snapeval.sampling import Sampling
 from snapeval.stats import mean_ci
 from snapeval.tasks import AnswerPass, EvalTask, Prompt, load_task
 
+#: Config keys that say how or where to run, not what: never stored, never hashed.
+NOT_STORED = ("db", "hydra", "memory", "job", "grid")
 #: The random number generator of sampled answers (:mod:`snapeval.sampling`), stored with sampled runs.
 SAMPLER = "counter-hash-v1"
 
 
 @dataclass(frozen=True)
 class RunSummary:
+    """One cache setting's run: its samples' accuracy, memory and speed, and how many were new."""
+
     run_id: int
     config_hash: str
+    config: dict[str, Any]
     n: int
     accuracy: float
     ci_low: float
@@ -67,11 +75,12 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         raise SnapevalError("must be > 0 when sampling", "generation.temperature")
     check_compile(cfg["generation"]["compile"])
     AnswerPass.from_config(task.get("answer_pass"))
+    check_grid(cfg)
 
 
 def stored_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The config as recorded with results: the cache reduced to its effective parameters, no db URL."""
-    stored = {key: value for key, value in cfg.items() if key not in ("db", "hydra", "memory", "job")}
+    stored = {key: value for key, value in cfg.items() if key not in NOT_STORED}
     stored["cache"] = build_cache(cfg["cache"], strict=False).params()
     if cfg["generation"]["do_sample"]:  # sampled answers come from this generator: not mixed on resume
         stored["generation"] = {**cfg["generation"], "rng": SAMPLER}
@@ -93,91 +102,114 @@ def _sample_seed(seed: int, sample_id: str) -> int:
     return seed * 1_000_003 + zlib.crc32(sample_id.encode())
 
 
-def _peak_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process peak RSS so far
-
-
-def run(cfg: Mapping[str, Any]) -> RunSummary:
-    """Evaluate the configured model, cache and task; store every sample; return the summary."""
+def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
+    """Evaluate the configured model and task with its cache, or with every point of its ``grid``; store
+    every sample; return one summary per cache setting. A grid point with impossible settings is recorded
+    as failed and skipped (its error printed); the run fails only when every point does."""
     with ResultsDB(cfg["db"]["url"]) as db:
-        try:
-            check_config(cfg)
-            config = stored_config(cfg)  # builds one cache: bad cache parameters fail here, before loading
-        except SnapevalError as exc:  # recorded, so that a sweep's summary shows the failed point
-            raw = {key: value for key, value in cfg.items() if key not in ("db", "hydra", "memory", "job")}
-            db.finish_run(db.start_run(raw, config_hash(raw)), "failed", str(exc))
-            raise
-        digest = config_hash(config)
+        configs, failures = [], []
+        for point in _points_or_fail(db, cfg):
+            try:
+                configs.append(stored_config(point))  # builds the cache: bad parameters fail here, early
+            except SnapevalError as exc:  # recorded, so that a sweep's summary shows the failed point
+                _record_failure(db, point, exc)
+                failures.append(exc)
+        if not configs:
+            raise failures[0]
+        for exc in failures:
+            print(f"error: {exc} (this grid point is skipped)", file=sys.stderr)
         spec = ModelSpec.from_config(cfg["model"])
-        tokenizer = load_tokenizer(spec)
         task = load_task(cfg["task"], cfg["seed"])
-        prompts = draws(task.prompts(tokenizer)[: cfg["task"].get("limit")], cfg["generation"]["num_samples"])
-        done = db.done_sample_ids(digest)
-        todo = [prompt for prompt in prompts if prompt.id not in done]
-        run_id = db.start_run(config, digest)
+        prompts = task.prompts(load_tokenizer(spec))[: cfg["task"].get("limit")]
+        prompts = draws(prompts, cfg["generation"]["num_samples"])
+        points = _start_points(db, configs, prompts)
         try:
-            if todo:
-                reference = _full_cache_outputs(db, config)
-                _evaluate(cfg, spec, task, todo, db, run_id, digest, reference)
+            if any(point.todo for point in points):
+                _evaluate(cfg, spec, task, prompts, points, db)
         except KeyboardInterrupt:
-            db.finish_run(run_id, "interrupted")
+            for point in points:
+                db.finish_run(point.run_id, "interrupted")
             raise
         except Exception as exc:
-            db.finish_run(run_id, "failed", f"{type(exc).__name__}: {exc}")
+            for point in points:
+                db.finish_run(point.run_id, "failed", f"{type(exc).__name__}: {exc}")
             raise
-        db.finish_run(run_id, "finished")
         wanted = {prompt.id for prompt in prompts}
-        rows = [row for row in db.samples_for(digest) if row["sample_id"] in wanted]
-    return _summarize(run_id, digest, rows, computed=len(todo))
+        summaries = []
+        for point in points:
+            db.finish_run(point.run_id, "finished")
+            rows = [row for row in db.samples_for(point.digest) if row["sample_id"] in wanted]
+            summaries.append(_summarize(point, rows))
+    return summaries
 
 
-def _full_cache_outputs(db: ResultsDB, config: Mapping[str, Any]) -> dict[str, str]:
-    """Outputs of the full-cache run of the same model/task/samples, when stored (else empty)."""
-    if config["cache"]["method"] == "full":
-        return {}
-    full = {**config, "cache": build_cache({"method": "full"}).params()}
-    return {row["sample_id"]: row["output"] for row in db.samples_for(config_hash(full))}
+@dataclass
+class _Point:
+    """One cache setting of a run: its stored config, hash and run, and the samples it still lacks."""
+
+    config: dict[str, Any]
+    digest: str
+    run_id: int
+    todo: set[str]
 
 
-def fidelity(tokenizer, output: str, reference: str) -> dict[str, Any]:
-    """Agreement of an output with the full cache's: exact match and the common token prefix."""
-    ours = tokenizer(output, add_special_tokens=False)["input_ids"]
-    theirs = tokenizer(reference, add_special_tokens=False)["input_ids"]
-    pairs = zip(ours, theirs, strict=False)
-    common = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(ours), len(theirs)))
-    return {"exact": output == reference, "common_prefix_tokens": common, "reference_tokens": len(theirs)}
+def _record_failure(db: ResultsDB, cfg: Mapping[str, Any], exc: SnapevalError) -> None:
+    raw = {key: value for key, value in cfg.items() if key not in NOT_STORED}
+    db.finish_run(db.start_run(raw, config_hash(raw)), "failed", str(exc))
+
+
+def _points_or_fail(db: ResultsDB, cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The configs of the run's cache settings, after the checks that fail the whole run."""
+    try:
+        check_config(cfg)
+        return grid_points(cfg)
+    except SnapevalError as exc:
+        _record_failure(db, cfg, exc)
+        raise
+
+
+def _start_points(db: ResultsDB, configs: list[dict[str, Any]], prompts: list[Prompt]) -> list[_Point]:
+    """A started run per distinct config, the full cache's first (its outputs are the others' reference)."""
+    points: dict[str, _Point] = {}
+    for config in sorted(configs, key=lambda config: config["cache"]["method"] != "full"):
+        digest = config_hash(config)
+        if digest not in points:
+            done = db.done_sample_ids(digest)
+            todo = {prompt.id for prompt in prompts if prompt.id not in done}
+            points[digest] = _Point(config, digest, db.start_run(config, digest), todo)
+    return list(points.values())
+
+
+def _full_cache_digest(config: Mapping[str, Any]) -> str:
+    """The config hash of the full-cache run of the same model, task and samples as ``config``."""
+    return config_hash({**config, "cache": build_cache({"method": "full"}).params()})
 
 
 def _evaluate(
     cfg: Mapping[str, Any],
     spec: ModelSpec,
     task: EvalTask,
-    todo: list[Prompt],
+    prompts: list[Prompt],
+    points: list[_Point],
     db: ResultsDB,
-    run_id: int,
-    digest: str,
-    reference: Mapping[str, str],
 ) -> None:
-    """Generate, score and store each prompt through the continuous batcher; a two-pass task's answer
-    call is queued as soon as its first call ends.
+    """Generate, score and store every missing (prompt, point) through the continuous batcher; a
+    two-pass task's answer call is queued as soon as its first call ends.
 
-    ``generation.batch_size`` rows decode together; a row that ends takes the next request at once, and
-    the draws of one problem share one prefill. Each sample is committed the moment its last call ends.
-    A sample's timings and token counts add up its calls, its KV bytes are the larger of its calls';
-    ``prompt_tokens``, the kept histogram and the trace fields describe the first (long-context) call.
+    Requests go prompt by prompt, so all points and draws of a prompt share one prefill (one per point
+    when ``grid.share_prefill`` is false: then each point runs alone). Each sample is committed the
+    moment its last call ends, except that a compressed point's sample waits for the full cache's
+    output of the same sample when that is being computed in this run (its fidelity needs it).
     """
     model = install(load_model(spec))
     tokenizer = load_tokenizer(spec)
     generation_cfg = cfg["generation"]
     max_new_tokens = generation_cfg.get("max_new_tokens") or task.max_new_tokens
     stop_ids = frozenset(_stop_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id))
-    cache_params = dict(cfg["cache"])
     encoded: dict[str | None, tuple[tuple[int, ...], int | None]] = {}
 
-    def request(prompt: Prompt, messages, max_new: int, seed_key: str, calls: list[Answer]) -> Request:
-        # the draws of one problem share one encoding (and, in the batcher, one prefill)
+    def request(point: _Point, prompt: Prompt, messages, max_new: int, calls: list[Answer]) -> Request:
+        # the draws and points of one problem share one encoding (and, in the batcher, one prefill)
         key = str(prompt.metadata.get("problem", prompt.id)) if not calls else None
         if key is None or key not in encoded:
             fitted = fit_to_window(tokenizer, messages, spec.max_context - max_new, task.truncation)
@@ -185,104 +217,66 @@ def _evaluate(
             encoded.clear()
             encoded[key] = (tuple(ids), compress_at)
         ids, compress_at = encoded[key]
+        seed_key = f"{prompt.id}#answer" if calls else prompt.id
         sampling = Sampling(
             do_sample=generation_cfg["do_sample"],
             temperature=generation_cfg["temperature"],
             top_p=generation_cfg["top_p"],
             seed=_sample_seed(cfg["seed"], seed_key),
         )
-        return Request(ids, cache_params, max_new, sampling, stop_ids, compress_at, tag=(prompt, calls))
+        cache = point.config["cache"]
+        return Request(ids, cache, max_new, sampling, stop_ids, compress_at, tag=(point, prompt, calls))
 
+    full_digest = _full_cache_digest(points[0].config)
+    reference = {row["sample_id"]: row["output"] for row in db.samples_for(full_digest)}
+    full = next((point for point in points if point.digest == full_digest), None)
+    awaiting: dict[str, list[tuple[_Point, Prompt, list[Answer]]]] = defaultdict(list)
+    label = points[0].config["cache"]["method"] if len(points) == 1 else f"{len(points)} cache settings"
     progress = tqdm(
-        total=len(todo), desc=f"{task.name} [{cfg['cache']['method']}]", disable=not cfg.get("progress", True)
+        total=sum(len(point.todo) for point in points),
+        desc=f"{task.name} [{label}]",
+        disable=not cfg.get("progress", True),
     )
 
+    def store(point: _Point, prompt: Prompt, calls: list[Answer]) -> None:
+        if point is not full and full is not None and prompt.id in full.todo and prompt.id not in reference:
+            awaiting[prompt.id].append((point, prompt, calls))
+            return
+        known = None if point is full else reference.get(prompt.id)
+        row = sample_row(task, prompt, calls, known, tokenizer, model.device)
+        _store(db, point, row)
+        progress.update()
+        if point is full:
+            reference[prompt.id] = row["output"]
+            for waiting in awaiting.pop(prompt.id, []):
+                store(*waiting)
+
     def on_answer(answer: Answer) -> list[Request]:
-        prompt, calls = answer.request.tag
+        point, prompt, calls = answer.request.tag
         calls = [*calls, answer]
         if task.answer_pass and len(calls) == 1:
-            messages = task.answer_pass.messages(prompt, _text(tokenizer, answer))
-            max_new = task.answer_pass.max_new_tokens
-            return [request(prompt, messages, max_new, f"{prompt.id}#answer", calls)]
-        _store(db, run_id, digest, task, prompt, calls, reference, tokenizer, model.device)
-        progress.update()
+            messages = task.answer_pass.messages(prompt, answer_text(tokenizer, answer))
+            return [request(point, prompt, messages, task.answer_pass.max_new_tokens, calls)]
+        store(point, prompt, calls)
         return []
 
     batcher = ContinuousBatcher(model, generation_cfg["batch_size"], generation_cfg["compile"])
-    requests = [request(prompt, prompt.messages, max_new_tokens, prompt.id, []) for prompt in todo]
-    batcher.run(requests, on_answer)
+    for group in [points] if shares_prefill(cfg) else [[point] for point in points]:
+        batcher.run(
+            [
+                request(point, prompt, prompt.messages, max_new_tokens, [])
+                for prompt in prompts
+                for point in group
+                if prompt.id in point.todo
+            ],
+            on_answer,
+        )
     progress.close()
 
 
-def _text(tokenizer: PreTrainedTokenizerBase, answer: Answer, skip_special_tokens: bool = True) -> str:
-    return tokenizer.decode(answer.tokens, skip_special_tokens=skip_special_tokens)
-
-
-def trace(tokenizer: PreTrainedTokenizerBase, answer: Answer) -> dict[str, Any]:
-    """How a (reasoning) trace ended: its length, whether it hit ``max_new_tokens``, whether the
-    reasoning closed (``</think>`` appeared), and how often the cache's ring wrapped."""
-    return {
-        "generated_tokens": len(answer.tokens),
-        "stopped": answer.stopped,
-        "truncated": answer.stopped == "length",
-        "reasoning_closed": "</think>" in _text(tokenizer, answer, skip_special_tokens=False),
-        "ring_wraps": answer.ring_wraps,
-    }
-
-
-def _store(
-    db: ResultsDB,
-    run_id: int,
-    digest: str,
-    task: EvalTask,
-    prompt: Prompt,
-    calls: list[Answer],
-    reference: Mapping[str, str],
-    tokenizer: PreTrainedTokenizerBase,
-    device: torch.device,
-) -> None:
-    """Score a prompt's final output and commit the sample with its calls' measurements."""
-    first, output = calls[0], _text(tokenizer, calls[-1])
-    metrics = task.score(prompt, output)
-    prompt_ids, compress_at = first.request.prompt_ids, first.request.compress_at
-    extra = {**prompt.metadata, "compressed_prompt_tokens": compress_at or len(prompt_ids)}
-    extra["trace"] = trace(tokenizer, first)
-    if first.kept_histogram is not None:
-        extra["kept_histogram"] = first.kept_histogram
-    if task.answer_pass:
-        extra["reasoning"] = _text(tokenizer, first)
-        extra["calls"] = [_call_record(c) for c in calls]
-    if prompt.id in reference:
-        extra["fidelity"] = fidelity(tokenizer, output, reference[prompt.id])
-    db.add_sample(
-        run_id,
-        digest,
-        {
-            "sample_id": prompt.id,
-            "prompt_tokens": len(prompt_ids),
-            "output": output,
-            "target": prompt.target,
-            "score": metrics["score"],
-            "metrics": metrics,
-            "prefill_s": sum(c.prefill_s for c in calls),
-            "decode_s": sum(c.decode_s for c in calls),
-            "generated_tokens": sum(len(c.tokens) for c in calls),
-            "peak_memory_bytes": _peak_memory_bytes(device),
-            "kv_bytes": max(c.kv_bytes for c in calls),
-            "extra": extra,
-        },
-    )
-
-
-def _call_record(made: Answer) -> dict[str, Any]:
-    return {
-        "prompt_tokens": len(made.request.prompt_ids),
-        "generated_tokens": len(made.tokens),
-        "stopped": made.stopped,
-        "prefill_s": made.prefill_s,
-        "decode_s": made.decode_s,
-        "kv_bytes": made.kv_bytes,
-    }
+def _store(db: ResultsDB, point: _Point, row: dict[str, Any]) -> None:
+    """Commit one scored sample to its point's run."""
+    db.add_sample(point.run_id, point.digest, row)
 
 
 def _stop_ids(*ids: int | list[int] | None) -> set[int]:
@@ -293,14 +287,15 @@ def _stop_ids(*ids: int | list[int] | None) -> set[int]:
     return flat
 
 
-def _summarize(run_id: int, digest: str, rows: list[dict[str, Any]], computed: int) -> RunSummary:
+def _summarize(point: _Point, rows: list[dict[str, Any]]) -> RunSummary:
     if not rows:
         raise SnapevalError("no samples were evaluated", "task.limit")
     accuracy, low, high = mean_ci([row["score"] for row in rows])
     decode_s = sum(row["decode_s"] for row in rows)
     return RunSummary(
-        run_id=run_id,
-        config_hash=digest,
+        run_id=point.run_id,
+        config_hash=point.digest,
+        config=point.config,
         n=len(rows),
         accuracy=accuracy,
         ci_low=low,
@@ -308,24 +303,28 @@ def _summarize(run_id: int, digest: str, rows: list[dict[str, Any]], computed: i
         kv_mib=sum(row["kv_bytes"] for row in rows) / len(rows) / 2**20,
         prefill_s=sum(row["prefill_s"] for row in rows) / len(rows),
         decode_tok_s=sum(row["generated_tokens"] for row in rows) / decode_s if decode_s else float("nan"),
-        computed=computed,
+        computed=len(point.todo),
     )
 
 
-def format_summary(cfg: Mapping[str, Any], summary: RunSummary) -> str:
-    """A one-row table: what ran, accuracy with its 95% CI and n, KV memory and speed."""
-    cache = build_cache(cfg["cache"], strict=False).params()
-    setting = ", ".join(f"{k}={v}" for k, v in cache.items() if k != "method" and v is not None)
-    row = {
-        "model": cfg["model"]["name"],
-        "task": cfg["task"]["name"],
-        "cache": f"{cache['method']}({setting})" if setting else cache["method"],
-        "accuracy": f"{summary.accuracy:.3f}",
-        "95% CI": f"[{summary.ci_low:.3f}, {summary.ci_high:.3f}]",
-        "n": summary.n,
-        "new": summary.computed,
-        "KV MiB": f"{summary.kv_mib:.1f}",
-        "prefill s": f"{summary.prefill_s:.2f}",
-        "decode tok/s": f"{summary.decode_tok_s:.1f}",
-    }
-    return tabulate([row], headers="keys", tablefmt="github")
+def format_summary(summaries: list[RunSummary]) -> str:
+    """A table with a row per cache setting: what ran, accuracy with its 95% CI and n, KV memory, speed."""
+    rows = []
+    for summary in summaries:
+        config, cache = summary.config, summary.config["cache"]
+        setting = ", ".join(f"{k}={v}" for k, v in cache.items() if k != "method" and v is not None)
+        rows.append(
+            {
+                "model": config["model"]["name"],
+                "task": config["task"]["name"],
+                "cache": f"{cache['method']}({setting})" if setting else cache["method"],
+                "accuracy": f"{summary.accuracy:.3f}",
+                "95% CI": f"[{summary.ci_low:.3f}, {summary.ci_high:.3f}]",
+                "n": summary.n,
+                "new": summary.computed,
+                "KV MiB": f"{summary.kv_mib:.1f}",
+                "prefill s": f"{summary.prefill_s:.2f}",
+                "decode tok/s": f"{summary.decode_tok_s:.1f}",
+            }
+        )
+    return tabulate(rows, headers="keys", tablefmt="github")

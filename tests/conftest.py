@@ -11,6 +11,7 @@ import yaml
 from snapeval import runner
 from snapeval.cache import install
 from snapeval.config import compose_config
+from snapeval.grid import grid_points
 from snapeval.models import ModelSpec, load_model, load_tokenizer
 from snapeval.paths import CONF_DIR
 from snapeval.sweep import sweep_points
@@ -34,15 +35,22 @@ def smollm() -> LoadedModel:
 
 
 def composed_sweep(experiment: str | None, *overrides: str) -> list[dict]:
-    """Every point of a sweep (``+exp=<experiment>`` params, then ``overrides``), composed and validated
-    as the runner would before loading a model; without an experiment, the one point of ``overrides``."""
+    """Every point of a sweep (``+exp=<experiment>`` Hydra params, then ``overrides``, each point's
+    ``grid`` expanded), composed and validated as the runner would before loading a model; without an
+    experiment, the points of ``overrides``."""
     sweep = []
     if experiment:
         spec = yaml.safe_load((CONF_DIR / "exp" / f"{experiment}.yaml").read_text())
-        sweep = [f"+exp={experiment}", *(f"{k}={v}" for k, v in spec["hydra"]["sweeper"]["params"].items())]
-    configs = [compose_config(*point) for point in sweep_points([*sweep, *overrides])]
-    for cfg in configs:
-        if cfg["job"] == "evaluate":
-            runner.check_config(cfg)
-            runner.stored_config(cfg)  # builds the cache: rejects impossible cache parameters
+        params = spec.get("hydra", {}).get("sweeper", {}).get("params", {})
+        sweep = [f"+exp={experiment}", *(f"{k}={v}" for k, v in params.items())]
+    configs = []
+    for overrides_of_job in sweep_points([*sweep, *overrides]):
+        cfg = compose_config(*overrides_of_job)
+        if cfg["job"] != "evaluate":
+            configs.append(cfg)
+            continue
+        runner.check_config(cfg)
+        for point in grid_points(cfg):
+            runner.stored_config(point)  # builds the cache: rejects impossible cache parameters
+            configs.append(point)
     return configs

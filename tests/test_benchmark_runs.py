@@ -26,7 +26,7 @@ def run(tmp_path, *overrides):
 
 
 def test_longbench_v2_truncated_to_the_window_query_agnostic(smollm, tmp_path):
-    summary = run(
+    [summary] = run(
         tmp_path,
         "task=longbench_v2",
         "task.limit=1",
@@ -45,7 +45,7 @@ def test_longbench_v2_truncated_to_the_window_query_agnostic(smollm, tmp_path):
 
 
 def test_longbench_v2_cot_answers_from_its_reasoning_without_the_document(smollm, tmp_path):
-    summary = run(
+    [summary] = run(
         tmp_path,
         "task=longbench_v2_cot",
         "task.limit=1",
@@ -75,6 +75,6 @@ def test_each_benchmark_runs_under_full_and_snapstream(smollm, tmp_path, task, c
     overrides = [f"task={task}", "task.limit=2", "task.max_new_tokens=64", f"cache={cache}"]
     if task == "longbench_v2":
         overrides.append("model.max_context=2048")
-    summary = run(tmp_path, *overrides)
+    [summary] = run(tmp_path, *overrides)
     assert summary.n == 2
     assert (load(tmp_path / "db.sqlite")["metric.score"].between(0, 1)).all()

@@ -5,21 +5,30 @@
   reductions, with and without a query appended after compression; the logits are those of the plain path.
 * In the continuous batcher, requests that differ only in cache settings share one prefill call and
   answer exactly as each request alone.
+* In the runner, every point of a grid is stored exactly as that point run alone (same config hash,
+  outputs, scores, KV bytes, kept positions, fidelity), shared or not; an interrupted grid resumes with
+  nothing lost and nothing computed twice; a malformed grid is rejected naming its field.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 import torch
 
-from snapeval import continuous
+from snapeval import continuous, runner
 from snapeval.cache import build_cache
 from snapeval.cache.grid import CacheGrid
 from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.errors import SnapevalError
 from snapeval.generation import append_logits, generate, prefill_logits
+from snapeval.grid import grid_points
 from snapeval.models import encode_chat
+from snapeval.results import ResultsDB
 from snapeval.sampling import Sampling
+
+from .conftest import compose_config
 
 SETTINGS = [
     {"method": "full"},
@@ -104,3 +113,113 @@ def test_requests_of_one_prompt_share_one_prefill_and_answer_as_alone(smollm, pr
         )
         assert got[request.tag].tokens == reference.tokens, request.cache
     assert len({tuple(answer.tokens) for answer in got.values()}) > 1  # the settings do differ
+
+
+# --- grids in the runner ------------------------------------------------------------------------------
+
+GRID = (
+    "grid={cache: [full, streaming_llm, snapkv, snapstream],"
+    " params: {budget: [192, 320], window: [8, 16], kernel: [3, 7], pooling: [max, avg], ring: 32}}"
+)
+TASK = ("task=ruler_niah_single", "task.context_length=512", "task.limit=2", "task.max_new_tokens=12")
+COMPARED = ("output", "score", "kv_bytes", "prompt_tokens", "generated_tokens", "target")
+
+
+def composed(tmp_path, *overrides):
+    return compose_config(f"db.url={tmp_path / 'db.sqlite'}", "progress=false", *TASK, *overrides)
+
+
+def stored_rows(path) -> dict[tuple[str, str], dict]:
+    with ResultsDB(path) as db:
+        rows = db.dataframe().to_dict("records")
+        by_point = {}
+        for run in db.runs_since(datetime(2000, 1, 1)):
+            for sample in db.samples_for(run["config_hash"]):
+                by_point[(run["config_hash"], sample["sample_id"])] = sample
+    assert len(rows) == len(by_point)  # every (setting, sample) stored once
+    return by_point
+
+
+def same_rows(ours: dict, theirs: dict) -> None:
+    assert ours.keys() == theirs.keys()
+    for key, row in ours.items():
+        other = theirs[key]
+        assert {c: row[c] for c in COMPARED} == {c: other[c] for c in COMPARED}, key
+        for field in ("kept_histogram", "trace", "fidelity", "compressed_prompt_tokens"):
+            assert row["extra"].get(field) == other["extra"].get(field), (key, field)
+
+
+@pytest.fixture(scope="module")
+def alone(smollm, tmp_path_factory) -> dict:
+    """Every point of GRID run on its own, the full cache first (its outputs are the fidelity reference)."""
+    tmp_path = tmp_path_factory.mktemp("alone")
+    for point in grid_points(composed(tmp_path, GRID)):
+        runner.run(point)
+    return stored_rows(tmp_path / "db.sqlite")
+
+
+def test_every_grid_point_is_stored_as_that_point_run_alone(smollm, tmp_path, alone, monkeypatch):
+    """All four methods over budget x window x kernel x pooling: one prefill per prompt, and every
+    point's outputs, scores, KV bytes, kept positions, traces and fidelity equal its run alone."""
+    calls = []
+    real = continuous.prefill_logits
+    monkeypatch.setattr(continuous, "prefill_logits", lambda *a: calls.append(a[2]) or real(*a))
+    summaries = runner.run(composed(tmp_path, GRID))
+    assert len(summaries) == 1 + 2 + 16 + 16  # full and streaming_llm ignore window, kernel, pooling
+    assert len(calls) == 2  # two prompts, one prefill each
+    grid = stored_rows(tmp_path / "db.sqlite")
+    same_rows(grid, alone)
+    assert len({row["kv_bytes"] for row in grid.values()}) > 4 and any(
+        not row["extra"]["fidelity"]["exact"] for row in grid.values() if "fidelity" in row["extra"]
+    )  # the settings differ, and some lose agreement with the full cache
+
+
+def test_a_grid_of_separate_points_stores_the_same_rows(smollm, tmp_path, alone):
+    runner.run(composed(tmp_path, GRID.replace("grid={", "grid={share_prefill: false, ")))
+    same_rows(stored_rows(tmp_path / "db.sqlite"), alone)
+
+
+def test_an_interrupted_grid_resumes_with_nothing_lost_or_computed_twice(
+    smollm, tmp_path, alone, monkeypatch
+):
+    stored = []
+    real_store = runner._store
+
+    def interrupted_after_twenty(*args):
+        if len(stored) == 20:
+            raise KeyboardInterrupt
+        stored.append(args[1].digest)
+        return real_store(*args)
+
+    monkeypatch.setattr(runner, "_store", interrupted_after_twenty)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(composed(tmp_path, GRID))
+    monkeypatch.setattr(runner, "_store", real_store)
+    assert len(stored_rows(tmp_path / "db.sqlite")) == 20
+    resumed = runner.run(composed(tmp_path, GRID))
+    assert sum(summary.computed for summary in resumed) == len(alone) - 20  # only what was missing
+    assert all(summary.n == 2 for summary in resumed)
+    same_rows(stored_rows(tmp_path / "db.sqlite"), alone)
+    again = runner.run(composed(tmp_path, GRID))
+    assert sum(summary.computed for summary in again) == 0
+
+
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ("grid={cache: [full, snapfast]}", "grid.cache"),
+        ("grid={cache: [full, snapkv], params: {sinks: [2, 4]}}", "grid.params.sinks"),
+        ("grid={cache: [full], colour: red}", "grid.colour"),
+        ("grid={cache: [full], share_prefill: maybe}", "grid.share_prefill"),
+    ],
+)
+def test_a_malformed_grid_is_rejected_naming_the_field(tmp_path, override, field):
+    with pytest.raises(SnapevalError) as raised:
+        runner.check_config(composed(tmp_path, override))
+    assert raised.value.field == field
+
+
+def test_cache_settings_outside_the_grid_are_rejected(tmp_path):
+    with pytest.raises(SnapevalError, match="grid.params") as raised:
+        runner.check_config(composed(tmp_path, "+exp=smoke", "cache.budget=100"))
+    assert raised.value.field == "cache"

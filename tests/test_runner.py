@@ -27,7 +27,7 @@ def config(tmp_path, *overrides):
 
 def test_passkey_run_stores_every_sample_with_provenance(smollm, tmp_path):
     cfg = config(tmp_path, "task.limit=3", "task.context_length=512")
-    summary = runner.run(cfg)
+    [summary] = runner.run(cfg)
     assert summary.n == 3 and summary.computed == 3
     assert summary.accuracy == 1.0  # the embedded model retrieves short passkeys with the full cache
     frame = load(tmp_path / "db.sqlite")
@@ -39,8 +39,8 @@ def test_passkey_run_stores_every_sample_with_provenance(smollm, tmp_path):
 
 
 def test_snapstream_with_budget_over_prompt_gives_the_full_cache_outputs(smollm, tmp_path):
-    full = runner.run(config(tmp_path, "task.limit=2", "task.context_length=512"))
-    snap = runner.run(config(tmp_path, "task.limit=2", "task.context_length=512", "cache=snapstream"))
+    [full] = runner.run(config(tmp_path, "task.limit=2", "task.context_length=512"))
+    [snap] = runner.run(config(tmp_path, "task.limit=2", "task.context_length=512", "cache=snapstream"))
     assert full.config_hash != snap.config_hash
     with ResultsDB(tmp_path / "db.sqlite") as db:
         outputs = [{r["sample_id"]: r["output"] for r in db.samples_for(s.config_hash)} for s in (full, snap)]
@@ -65,9 +65,9 @@ def test_rerun_computes_only_missing_samples_and_survives_interruption(smollm, t
     frame = load(tmp_path / "db.sqlite")
     assert len(frame) == 1 and frame["status"].iloc[0] == "interrupted"
 
-    resumed = runner.run(config(tmp_path, "task.limit=3", *overrides))
+    [resumed] = runner.run(config(tmp_path, "task.limit=3", *overrides))
     assert (resumed.n, resumed.computed) == (3, 2)
-    extended = runner.run(config(tmp_path, "task.limit=4", *overrides))
+    [extended] = runner.run(config(tmp_path, "task.limit=4", *overrides))
     assert (extended.n, extended.computed) == (4, 1)
     assert load(tmp_path / "db.sqlite")["sample_id"].nunique() == 4
 
@@ -82,7 +82,7 @@ def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path
         "generation.temperature=0.7",
         "task.max_new_tokens=8",
     )
-    summary = runner.run(cfg)
+    [summary] = runner.run(cfg)
     frame = load(tmp_path / "db.sqlite")
     assert summary.n == 4 and sorted(frame["sample_id"])[0].endswith("#0")
     assert {extra["draw"] for extra in frame["extra"]} == {0, 1}
@@ -98,8 +98,8 @@ def test_sampled_draws_in_rows_equal_draws_decoded_one_at_a_time(smollm, tmp_pat
     draws = ("task.limit=2", "task.context_length=256", "task.max_new_tokens=40", "generation.num_samples=3")
     sampled = ("generation.do_sample=true", "generation.temperature=0.8")
     sampled += ("cache=snapstream", "cache.budget=128", "cache.ring=16")
-    together = runner.run(config(tmp_path / "a", *draws, *sampled, "generation.batch_size=4"))
-    one_by_one = runner.run(config(tmp_path / "b", *draws, *sampled, "generation.batch_size=1"))
+    [together] = runner.run(config(tmp_path / "a", *draws, *sampled, "generation.batch_size=4"))
+    [one_by_one] = runner.run(config(tmp_path / "b", *draws, *sampled, "generation.batch_size=1"))
     assert together.config_hash == one_by_one.config_hash  # batch_size changes how, not what
     a, b = (load(path / "db.sqlite").sort_values("sample_id") for path in (tmp_path / "a", tmp_path / "b"))
     assert list(a["output"]) == list(b["output"])
@@ -112,8 +112,8 @@ def test_sampled_draws_in_rows_equal_draws_decoded_one_at_a_time(smollm, tmp_pat
 def test_prompts_in_rows_equal_prompts_decoded_one_by_one(smollm, tmp_path):
     setting = ("task.limit=3", "task.context_length=384", "task.max_new_tokens=12")
     setting += ("cache=snapstream", "cache.budget=128", "cache.window=8")
-    batched = runner.run(config(tmp_path / "a", *setting, "generation.batch_size=2"))
-    one_by_one = runner.run(config(tmp_path / "b", *setting, "generation.batch_size=1"))
+    [batched] = runner.run(config(tmp_path / "a", *setting, "generation.batch_size=2"))
+    [one_by_one] = runner.run(config(tmp_path / "b", *setting, "generation.batch_size=1"))
     assert batched.config_hash == one_by_one.config_hash
     a, b = (load(path / "db.sqlite").sort_values("sample_id") for path in (tmp_path / "a", tmp_path / "b"))
     assert list(a["output"]) == list(b["output"])

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from snapeval import runner
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
+from snapeval.records import fidelity
 from snapeval.results import ResultsDB, load
 from snapeval.sweep import count_points, sweep_table
 
@@ -30,37 +31,38 @@ def test_failing_point_is_recorded_with_its_error(tmp_path):
 
 
 def test_fidelity_counts_the_common_token_prefix(smollm):
-    same = runner.fidelity(smollm.tokenizer, "The number is 1234567.", "The number is 1234567.")
+    same = fidelity(smollm.tokenizer, "The number is 1234567.", "The number is 1234567.")
     assert same == {"exact": True, "common_prefix_tokens": 12, "reference_tokens": 12}  # digits: 1 token each
-    differ = runner.fidelity(smollm.tokenizer, "The number is 7.", "The number is 1234567.")
+    differ = fidelity(smollm.tokenizer, "The number is 7.", "The number is 1234567.")
     assert not differ["exact"] and differ["common_prefix_tokens"] == 4
 
 
+def snapeval_cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "snapeval", *overrides, "task.limit=1", "task.context_length=256"]
+    command += ["progress=false", f"db.url={tmp_path / 'db.sqlite'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
 def test_multirun_goes_on_past_a_failing_point_and_summarizes(tmp_path):
-    db = tmp_path / "db.sqlite"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snapeval",
-            "+exp=smoke",
-            "cache.budget=50",
-            "task.limit=1",
-            "task.context_length=256",
-            "progress=false",
-            f"db.url={db}",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = snapeval_cli(tmp_path, "-m", "task=ruler_passkey", "cache=full,snapstream", "cache.budget=50")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "[sweep] point 2/2: " in result.stdout
     assert "[sweep] 2 points, 1 failed" in result.stdout
     assert "error: cache.budget" in result.stderr
-    frame = load(db)
+    frame = load(tmp_path / "db.sqlite")
     assert set(frame["method"]) == {"full"} and len(frame) == 1
+
+
+def test_a_grid_goes_on_past_an_impossible_point_and_records_it(tmp_path):
+    result = snapeval_cli(tmp_path, "+exp=smoke", "grid.params.budget=[50,256]")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "error: cache.budget" in result.stderr and "this grid point is skipped" in result.stderr
+    assert "| snapstream(budget=256" in result.stdout and "| full " in result.stdout
+    frame = load(tmp_path / "db.sqlite")
+    assert sorted(frame["method"]) == ["full", "snapstream"]
+    with ResultsDB(tmp_path / "db.sqlite") as db:
+        runs = db.runs_since(datetime(2000, 1, 1))
+    assert sorted(run["status"] for run in runs) == ["failed", "finished", "finished"]
 
 
 def test_sweep_size_combines_the_sweeper_params_and_the_command_line():

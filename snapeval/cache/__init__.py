@@ -12,6 +12,7 @@ from typing import Any
 from snapeval.cache.attention import install
 from snapeval.cache.base import SnapevalCache
 from snapeval.cache.full import FullCache
+from snapeval.cache.grid import CacheGrid
 from snapeval.cache.snapkv import SnapKVCache
 from snapeval.cache.snapstream import SnapStreamCache
 from snapeval.cache.streaming_llm import StreamingLLMCache
@@ -21,7 +22,14 @@ METHODS: dict[str, type[SnapevalCache]] = {
     cls.method: cls for cls in (FullCache, StreamingLLMCache, SnapKVCache, SnapStreamCache)
 }
 
-__all__ = ["METHODS", "SnapevalCache", "build_cache", "install", *(c.__name__ for c in METHODS.values())]
+__all__ = [
+    "METHODS",
+    "CacheGrid",
+    "SnapevalCache",
+    "build_cache",
+    "install",
+    *(c.__name__ for c in METHODS.values()),
+]
 
 
 def build_cache(params: Mapping[str, Any], strict: bool = True) -> SnapevalCache:

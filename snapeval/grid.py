@@ -1,0 +1,94 @@
+"""A grid of cache settings, evaluated from one prefill per sample: the ``grid`` key of the config.
+
+::
+
+    grid:
+      cache: [full, streaming_llm, snapkv, snapstream]   # options of the conf/cache group
+      params: {budget: [192, 384, 768], window: 16}      # a list is swept, a value is fixed
+      share_prefill: true                                # false: every point alone (to time one point)
+
+Each point is the cache group option's config with the grid's parameters applied, exactly the cache
+that ``python -m snapeval cache=<option> cache.<param>=<value> ...`` composes, so it is stored under the
+very config hash a run of that point alone would have. A parameter a method does not take leaves it
+out (the full cache ignores budgets), so points that end up equal are evaluated once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from snapeval.cache import METHODS, build_cache
+from snapeval.errors import SnapevalError
+from snapeval.paths import CONF_DIR
+
+GRID_KEYS = ("cache", "params", "share_prefill")
+
+
+def _option(name: Any) -> dict[str, Any]:
+    """The cache config of group option ``name`` (conf/cache/<name>.yaml)."""
+    path = CONF_DIR / "cache" / f"{name}.yaml"
+    if not isinstance(name, str) or not path.is_file():
+        options = sorted(p.stem for p in (CONF_DIR / "cache").glob("*.yaml"))
+        raise SnapevalError(f"no cache config {name!r}; choose from {', '.join(options)}", "grid.cache")
+    return yaml.safe_load(path.read_text())
+
+
+def check_grid(cfg: Mapping[str, Any]) -> None:
+    """Reject a malformed ``grid`` (unknown keys, options, parameters) before any model work."""
+    grid = cfg.get("grid")
+    if grid is None:
+        return
+    if not isinstance(grid, Mapping):
+        raise SnapevalError(f"must be a mapping with keys {', '.join(GRID_KEYS)}, got {grid!r}", "grid")
+    for key in grid:
+        if key not in GRID_KEYS:
+            raise SnapevalError(f"unknown key; the grid takes {', '.join(GRID_KEYS)}", f"grid.{key}")
+    options = grid.get("cache")
+    if not isinstance(options, list) or not options:
+        raise SnapevalError(f"must be a non-empty list of cache configs, got {options!r}", "grid.cache")
+    if not isinstance(grid.get("share_prefill", True), bool):
+        raise SnapevalError("must be true or false", "grid.share_prefill")
+    methods = {_option(name)["method"] for name in options}
+    accepted = {name for method in methods for name in METHODS[method].parameter_names()}
+    for name, values in (grid.get("params") or {}).items():
+        if name not in accepted:
+            known = ", ".join(sorted(methods))
+            raise SnapevalError(f"no method of this grid ({known}) takes it", f"grid.params.{name}")
+        if isinstance(values, list) and not values:
+            raise SnapevalError("an empty list leaves no point to run", f"grid.params.{name}")
+    cache = dict(cfg.get("cache") or {})
+    shipped = CONF_DIR / "cache" / f"{cache.get('method')}.yaml"
+    if shipped.is_file() and cache != yaml.safe_load(shipped.read_text()):
+        raise SnapevalError("a grid takes its cache settings from grid.params, not from cache.*", "cache")
+
+
+def grid_points(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The configs of the grid's points (each without ``grid``), in order, equal points once; without a
+    grid, the config itself. A point whose settings are impossible is kept: running it reports why."""
+    grid = cfg.get("grid")
+    base = {key: value for key, value in cfg.items() if key != "grid"}
+    if grid is None:
+        return [base]
+    params = grid.get("params") or {}
+    swept = {name: value if isinstance(value, list) else [value] for name, value in params.items()}
+    points, seen = [], set()
+    for option in grid["cache"]:
+        for values in itertools.product(*swept.values()):
+            cache = {**_option(option), **dict(zip(swept, values, strict=True))}
+            try:
+                effective = tuple(sorted(build_cache(cache, strict=False).params().items()))
+            except SnapevalError:
+                effective = tuple(sorted(cache.items()))
+            if effective not in seen:
+                seen.add(effective)
+                points.append({**base, "cache": cache})
+    return points
+
+
+def shares_prefill(cfg: Mapping[str, Any]) -> bool:
+    """Whether the grid's points share one prefill per sample (and decode together)."""
+    return bool((cfg.get("grid") or {}).get("share_prefill", True))
