@@ -26,6 +26,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -62,8 +63,9 @@ class Request:
         """Requests with equal keys share one prefill, whatever their cache settings."""
         return (self.prompt_ids, self.compress_at)
 
+    @cached_property
     def setting(self) -> tuple:
-        """The effective cache settings (parameters a method ignores left out)."""
+        """The effective cache settings (parameters a method ignores left out), built once."""
         return tuple(sorted(build_cache(self.cache, strict=False).params().items()))
 
 
@@ -233,7 +235,7 @@ class ContinuousBatcher:
             for index in range(self.rows):
                 while admit and rows[index] is None and queue:
                     request = queue.popleft()
-                    key, setting = request.prefill_key(), request.setting()
+                    key, setting = request.prefill_key(), request.setting
                     prefill = live.setdefault(key, _Prefill())
                     if setting not in prefill.caches:
                         self._prefill(request, queue, prefill)
@@ -300,7 +302,7 @@ class ContinuousBatcher:
         its prompt ask for and it lacks, from one prefill call; its seconds are split among them."""
         key = request.prefill_key()
         group = [request, *(other for other in queue if other.prefill_key() == key)]
-        settings = {other.setting(): other.cache for other in group if other.setting() not in prefill.caches}
+        settings = {other.setting: other.cache for other in group if other.setting not in prefill.caches}
         caches = {setting: build_cache(params, strict=False) for setting, params in settings.items()}
         shared = next(iter(caches.values())) if len(caches) == 1 else CacheGrid(list(caches.values()))
         split = request.compress_at or len(request.prompt_ids)
@@ -310,13 +312,13 @@ class ContinuousBatcher:
             appended = append_logits(self.model, request.prompt_ids[split:], cache)
             prefill.logits[setting] = logits if appended is None else appended[-1]
         synchronize(self.model.device)
-        share = (time.perf_counter() - start) / sum(other.setting() in caches for other in group)
+        share = (time.perf_counter() - start) / sum(other.setting in caches for other in group)
         prefill.caches.update(caches)
         prefill.seconds.update(dict.fromkeys(caches, share))
 
     def _load(self, index: int, request: Request, prefill: _Prefill, state: _RowSampling) -> _Row:
         appended = len(request.prompt_ids) - (request.compress_at or len(request.prompt_ids))
-        cache = prefill.caches[request.setting()]
+        cache = prefill.caches[request.setting]
         slots = self.slots.load_row(index, cache, appended + request.max_new_tokens)
         state.set_row(index, request.sampling)
         first = cache.layers[0]
@@ -326,7 +328,7 @@ class ContinuousBatcher:
             fixed=first.capacity is not None,
             slots=slots,
             pinned=first.keys.shape[2] if first.capacity is None else first.capacity,
-            prefill_s=prefill.seconds[request.setting()],
+            prefill_s=prefill.seconds[request.setting],
         )
 
     def _answer(self, index: int, row: _Row, stopped: str) -> Answer:

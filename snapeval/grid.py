@@ -28,13 +28,19 @@ from snapeval.paths import CONF_DIR
 GRID_KEYS = ("cache", "params", "share_prefill")
 
 
-def _option(name: Any) -> dict[str, Any]:
-    """The cache config of group option ``name`` (conf/cache/<name>.yaml)."""
+def _shipped(name: Any) -> dict[str, Any] | None:
+    """The cache config of group option ``name`` (conf/cache/<name>.yaml), or None if there is none."""
     path = CONF_DIR / "cache" / f"{name}.yaml"
-    if not isinstance(name, str) or not path.is_file():
+    return yaml.safe_load(path.read_text()) if isinstance(name, str) and path.is_file() else None
+
+
+def _option(name: Any) -> dict[str, Any]:
+    """The cache config of group option ``name``; an error naming ``grid.cache`` if there is none."""
+    option = _shipped(name)
+    if option is None:
         options = sorted(p.stem for p in (CONF_DIR / "cache").glob("*.yaml"))
         raise SnapevalError(f"no cache config {name!r}; choose from {', '.join(options)}", "grid.cache")
-    return yaml.safe_load(path.read_text())
+    return option
 
 
 def check_grid(cfg: Mapping[str, Any]) -> None:
@@ -61,8 +67,8 @@ def check_grid(cfg: Mapping[str, Any]) -> None:
         if isinstance(values, list) and not values:
             raise SnapevalError("an empty list leaves no point to run", f"grid.params.{name}")
     cache = dict(cfg.get("cache") or {})
-    shipped = CONF_DIR / "cache" / f"{cache.get('method')}.yaml"
-    if shipped.is_file() and cache != yaml.safe_load(shipped.read_text()):
+    shipped = _shipped(cache.get("method"))
+    if shipped is not None and cache != shipped:
         raise SnapevalError("a grid takes its cache settings from grid.params, not from cache.*", "cache")
 
 
