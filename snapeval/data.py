@@ -31,12 +31,12 @@ class DataSource:
     local_path: str
     required: tuple[str, ...]
     hub_config: str | None = None
-    hub_data_files: str | None = None
+    hub_data_files: tuple[str, ...] = ()  # files of the Hub dataset read as JSON lines, when given
 
 
 def load_rows(source: DataSource, data_path: str | None = None) -> list[dict[str, Any]]:
     """All rows of ``source``, checked for its required fields."""
-    path = _local_file(source, data_path)
+    path = local_file(source, data_path)
     rows = _read_file(path) if path else _read_hub(source)
     where = str(path) if path else source.hub_id
     for index, row in enumerate(rows, start=1):
@@ -48,7 +48,8 @@ def load_rows(source: DataSource, data_path: str | None = None) -> list[dict[str
     return rows
 
 
-def _local_file(source: DataSource, data_path: str | None) -> Path | None:
+def local_file(source: DataSource, data_path: str | None) -> Path | None:
+    """The local file rows of ``source`` are read from, or None for the Hub."""
     if data_path:
         path = Path(data_path).expanduser()
         if not path.exists():
@@ -108,7 +109,7 @@ def _read_hub(source: DataSource) -> list[dict[str, Any]]:
 
     try:
         if source.hub_data_files:
-            dataset = datasets.load_dataset("json", data_files=source.hub_data_files, split="train")
+            dataset = datasets.load_dataset("json", data_files=list(source.hub_data_files), split="train")
         else:
             dataset = datasets.load_dataset(source.hub_id, source.hub_config, split=source.hub_split)
     except Exception as exc:  # the Hub client raises many types; all mean "not reachable / not found"
@@ -140,5 +141,4 @@ LIVECODEBENCH = DataSource(
     hub_split="test",
     local_path="livecodebench/code_generation_lite_v5_public.jsonl",
     required=("question_content", "platform", "question_id", "contest_date", "public_test_cases"),
-    hub_data_files="hf://datasets/livecodebench/code_generation_lite/test5.jsonl",
 )

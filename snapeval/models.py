@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
@@ -24,7 +31,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What to load. ``dtype``/``device`` may be ``auto`` (bf16 on CUDA, fp32 on CPU)."""
+    """What to load. ``dtype``/``device`` may be ``auto`` (bf16 on CUDA, fp32 on CPU).
+    ``config_overrides`` (JSON of a mapping) sets attributes of the model's Hugging Face config before
+    the model is built, e.g. the YaRN ``rope_parameters`` a model card prescribes for long contexts."""
 
     name: str
     pretrained: str
@@ -32,11 +41,18 @@ class ModelSpec:
     dtype: str = "auto"
     device: str = "auto"
     max_context: int = 8192
+    config_overrides: str | None = None
 
     @classmethod
     def from_config(cls, cfg) -> ModelSpec:
         fields = cls.__dataclass_fields__
-        return cls(**{k: cfg[k] for k in fields if k in cfg and cfg[k] is not None})
+        values = {k: cfg[k] for k in fields if k in cfg and cfg[k] is not None}
+        if "config_overrides" in values:
+            overrides = values["config_overrides"]
+            if not isinstance(overrides, dict):
+                raise SnapevalError(f"must be a mapping, got {overrides!r}", "model.config_overrides")
+            values["config_overrides"] = json.dumps(overrides, sort_keys=True)
+        return cls(**values)
 
 
 def model_spec(name_or_id: str) -> ModelSpec:
@@ -113,9 +129,14 @@ def load_model(spec: ModelSpec, attn_implementation: str = "sdpa") -> PreTrained
     """The causal LM in eval mode on the chosen device and dtype."""
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
+    source = resolve_pretrained(spec.pretrained)
     try:
+        config = AutoConfig.from_pretrained(source, gguf_file=spec.gguf_file)
+        for key, value in json.loads(spec.config_overrides or "{}").items():
+            setattr(config, key, value)
         model = AutoModelForCausalLM.from_pretrained(
-            resolve_pretrained(spec.pretrained),
+            source,
+            config=config,
             gguf_file=spec.gguf_file,
             dtype=dtype,
             attn_implementation=attn_implementation,

@@ -40,6 +40,19 @@ def fit_to_window(
     return [*messages[:-1], {**messages[-1], "content": text}]
 
 
+def truncate_content(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], max_tokens: int
+) -> list[dict[str, str]]:
+    """LongBench's ``pred.py`` budget: the last message's text, encoded as pred.py encodes it (special
+    tokens included), keeps at most ``max_tokens`` tokens, cut in the middle and decoded without special
+    tokens; the chat template comes around it afterwards."""
+    ids = tokenizer.encode(messages[-1]["content"])
+    if len(ids) <= max_tokens:
+        return messages
+    text = tokenizer.decode(truncate_middle(ids, max_tokens), skip_special_tokens=True)
+    return [*messages[:-1], {**messages[-1], "content": text}]
+
+
 def encode_with_split(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], query_start: str | None
 ) -> tuple[list[int], int | None]:

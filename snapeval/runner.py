@@ -24,11 +24,11 @@ from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compil
 from snapeval.errors import SnapevalError
 from snapeval.grid import check_grid, grid_points, shares_prefill
 from snapeval.models import ModelSpec, load_model, load_tokenizer
-from snapeval.prompting import encode_with_split, fit_to_window
+from snapeval.prompting import encode_with_split, fit_to_window, truncate_content
 from snapeval.records import answer_text, sample_row
 from snapeval.results import ResultsDB, config_hash
 from snapeval.sampling import Sampling
-from snapeval.stats import mean_ci
+from snapeval.stats import mean_ci, pass_at
 from snapeval.tasks import AnswerPass, EvalTask, Prompt, load_task
 
 #: Config keys that say how or where to run, not what: never stored, never hashed.
@@ -52,6 +52,7 @@ class RunSummary:
     prefill_s: float
     decode_tok_s: float
     computed: int
+    pass_at: dict[str, float]  # pass@k for the k that the draws per problem allow (stats.pass_at)
 
 
 def check_config(cfg: Mapping[str, Any]) -> None:
@@ -60,7 +61,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     limit = task.get("limit")
     if limit is not None and (not isinstance(limit, int) or limit <= 0):
         raise SnapevalError(f"must be a positive integer or null, got {limit}", "task.limit")
-    for key in ("context_length", "num_samples", "max_new_tokens"):
+    for key in ("context_length", "num_samples", "max_new_tokens", "max_prompt_tokens"):
         value = task.get(key)
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise SnapevalError(f"must be a positive integer, got {value}", f"task.{key}")
@@ -73,6 +74,12 @@ def check_config(cfg: Mapping[str, Any]) -> None:
         raise SnapevalError(f"must be a positive integer or null, got {max_new}", "generation.max_new_tokens")
     if cfg["generation"]["do_sample"] and cfg["generation"]["temperature"] <= 0:
         raise SnapevalError("must be > 0 when sampling", "generation.temperature")
+    protocol = cfg.get("protocol")
+    if protocol and protocol["task"] != task["name"]:
+        raise SnapevalError(
+            f"{protocol['name']} is a protocol of task {protocol['task']}, not of task {task['name']}",
+            "protocol",
+        )
     check_compile(cfg["generation"]["compile"])
     AnswerPass.from_config(task.get("answer_pass"))
     check_grid(cfg)
@@ -212,6 +219,8 @@ def _evaluate(
         # the draws and points of one problem share one encoding (and, in the batcher, one prefill)
         key = str(prompt.metadata.get("problem", prompt.id)) if not calls else None
         if key is None or key not in encoded:
+            if task.max_prompt_tokens:
+                messages = truncate_content(tokenizer, messages, task.max_prompt_tokens)
             fitted = fit_to_window(tokenizer, messages, spec.max_context - max_new, task.truncation)
             ids, compress_at = encode_with_split(tokenizer, fitted, task.query_start)
             encoded.clear()
@@ -304,7 +313,14 @@ def _summarize(point: _Point, rows: list[dict[str, Any]]) -> RunSummary:
         prefill_s=sum(row["prefill_s"] for row in rows) / len(rows),
         decode_tok_s=sum(row["generated_tokens"] for row in rows) / decode_s if decode_s else float("nan"),
         computed=len(point.todo),
+        pass_at=pass_at([row["sample_id"] for row in rows], [row["score"] for row in rows]),
     )
+
+
+def _task_label(config: Mapping[str, Any]) -> str:
+    """The task's name, and the protocol preset it ran under (``+protocol=...``), if any."""
+    protocol = config.get("protocol")
+    return f"{config['task']['name']} ({protocol['name']})" if protocol else config["task"]["name"]
 
 
 def format_summary(summaries: list[RunSummary]) -> str:
@@ -316,10 +332,12 @@ def format_summary(summaries: list[RunSummary]) -> str:
         rows.append(
             {
                 "model": config["model"]["name"],
-                "task": config["task"]["name"],
+                "task": config["task"]["name"]
+                + (f" ({config['protocol']})" if config.get("protocol") else ""),
                 "cache": f"{cache['method']}({setting})" if setting else cache["method"],
                 "accuracy": f"{summary.accuracy:.3f}",
                 "95% CI": f"[{summary.ci_low:.3f}, {summary.ci_high:.3f}]",
+                **{name: f"{value:.3f}" for name, value in summary.pass_at.items()},
                 "n": summary.n,
                 "new": summary.computed,
                 "KV MiB": f"{summary.kv_mib:.1f}",

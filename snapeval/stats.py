@@ -9,6 +9,33 @@ import numpy as np
 from scipy.special import ndtri, stdtrit  # normal and Student t quantiles; lighter than scipy.stats
 
 _BOOTSTRAP_BATCH_ELEMENTS = 2**22  # resampled indices drawn at once: 32 MiB
+PASS_AT = (5, 10)  # pass@k reported beside the mean (pass@1) when every problem has at least k draws
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator ``1 - C(n - c, k) / C(n, k)`` for ``c`` correct of ``n`` samples."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_at(
+    sample_ids: Iterable[str], scores: Iterable[float], ks: Iterable[int] = PASS_AT
+) -> dict[str, float]:
+    """``pass@k`` over problems for each k that every problem's draws allow (ids ``<problem>#<draw>``,
+    a score of 1 is a pass); empty when the samples are single answers or scores are not 0/1."""
+    problems: dict[str, list[float]] = {}
+    for sample_id, score in zip(sample_ids, scores, strict=True):
+        problem, draw, _ = sample_id.rpartition("#")
+        problems.setdefault(problem if draw else sample_id, []).append(score)
+    fewest = min((len(draws) for draws in problems.values()), default=0)
+    if fewest < 2 or any(score not in (0, 1) for draws in problems.values() for score in draws):
+        return {}
+    return {
+        f"pass@{k}": sum(pass_at_k(len(d), int(sum(d)), k) for d in problems.values()) / len(problems)
+        for k in ks
+        if k <= fewest
+    }
 
 
 def mean_ci(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:

@@ -61,10 +61,21 @@ class AnswerPass:
         return cls(build_prompt, max_new_tokens)
 
 
+def metadata_choice(metadata: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
+    """A task option given in its metadata (``task.metadata.<key>``, or lm-eval's ``--metadata``)."""
+    value = metadata.get(key) or default
+    if value not in choices:
+        raise SnapevalError(
+            f"unknown value {value!r}; choose one of {', '.join(choices)}", f"task.metadata.{key}"
+        )
+    return value
+
+
 class EvalTask(Protocol):
     name: str
     max_new_tokens: int
     truncation: str  # "error" | "middle": what to do with a prompt longer than the model's window
+    max_prompt_tokens: int | None  # the protocol's own budget for the prompt text (LongBench-v2: 120,000)
     query_start: str | None  # text where the query begins, for query-agnostic compression
     answer_pass: AnswerPass | None  # a second call whose output is scored (two-pass protocols)
 
@@ -86,6 +97,7 @@ class SyntheticTask:
     seed: int
     max_new_tokens: int
     truncation: str = "error"
+    max_prompt_tokens: int | None = None
     query_start: str | None = None
     answer_pass: AnswerPass | None = None
 
@@ -119,6 +131,7 @@ class LmEvalTask:
     id_field: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     truncation: str = "error"
+    max_prompt_tokens: int | None = None
     query_start: str | None = None
     answer_pass: AnswerPass | None = None
 
@@ -163,6 +176,7 @@ def load_task(cfg: Mapping[str, Any], seed: int) -> EvalTask:
             id_field=cfg.get("id_field"),
             metadata={"seed": seed, **(cfg.get("metadata") or {})},
             truncation=cfg.get("truncation", "error"),
+            max_prompt_tokens=cfg.get("max_prompt_tokens"),
             query_start=cfg.get("query_start") if cfg.get("compression") == "query_agnostic" else None,
             answer_pass=AnswerPass.from_config(cfg.get("answer_pass")),
         )

@@ -18,6 +18,7 @@ from snapeval.benchmarks import after_reasoning, aime
 from snapeval.benchmarks import livecodebench as lcb
 from snapeval.benchmarks import longbench_v2 as lb
 from snapeval.sandbox import SandboxLimits
+from snapeval.stats import pass_at_k
 
 from .paths import SHARED_DATA
 
@@ -163,7 +164,7 @@ def test_longbench_prompt_embeds_a_real_document() -> None:
         ("The correct answer is (B)", "B"),
         ("After weighing the evidence, **The correct answer is (C)**.", "C"),
         ("The correct answer is D, because the report says so.", "D"),
-        ("<think>The correct answer is (A)? No.</think>The correct answer is (B)", "B"),
+        ("<think>The correct answer is (A)? No.</think>The correct answer is (B)", "A"),  # as pred.py
         ("The correct answer is (E)", None),
         ("I cannot determine the answer from the text.", None),
         ("", None),
@@ -279,8 +280,8 @@ def test_lcb_prompts_are_lcb_runners() -> None:
         ("print(1)", None),
     ],
 )
-def test_lcb_extracts_the_last_python_block(output: str, expected: str | None) -> None:
-    assert lcb.extract_code(output) == expected
+def test_lcb_lenient_extraction_takes_the_last_python_block(output: str, expected: str | None) -> None:
+    assert lcb.extract_code(output, "lenient") == expected
 
 
 @pytest.mark.parametrize(
@@ -338,7 +339,7 @@ class Solution:
     def finalPositionOfSnake(self, n, commands):
         return Always()
 """
-    assert lcb.run_tests(cheat, lcb_problem("3533")).verdict == "runtime_error"
+    assert lcb.run_tests(cheat, lcb_problem("3533")).verdict == "wrong_answer"
 
 
 def test_lcb_total_time_budget_stops_a_slow_program() -> None:
@@ -367,15 +368,15 @@ def test_lcb_decodes_compressed_private_tests_without_running_pickled_code() -> 
         lcb.parse_tests({"public_test_cases": "[]", "private_test_cases": hostile})
 
 
-def test_lcb_pass_at_k_is_the_unbiased_estimator() -> None:
+def test_pass_at_k_is_the_unbiased_estimator() -> None:
     n, c = 6, 2
     for k in range(1, n + 1):
         draws = list(combinations([True] * c + [False] * (n - c), k))
-        assert lcb.pass_at_k(n, c, k) == pytest.approx(sum(any(d) for d in draws) / len(draws))
-    assert lcb.pass_at_k(10, 0, 1) == 0.0
-    assert lcb.pass_at_k(10, 10, 5) == 1.0
+        assert pass_at_k(n, c, k) == pytest.approx(sum(any(d) for d in draws) / len(draws))
+    assert pass_at_k(10, 0, 1) == 0.0
+    assert pass_at_k(10, 10, 5) == 1.0
     with pytest.raises(ValueError):
-        lcb.pass_at_k(5, 6, 1)
+        pass_at_k(5, 6, 1)
 
 
 def test_lcb_filters_by_contest_date() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from math_verify import parse, verify
 
-from snapeval.benchmarks import after_reasoning
+from snapeval.benchmarks import answer_part
 
 PROMPT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -20,13 +20,14 @@ def build_prompt(problem: str) -> str:
     return PROMPT_TEMPLATE.format(problem=problem)
 
 
-def extract_answer(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` or ``\\fbox{...}`` after any reasoning trace.
+def extract_answer(text: str, answer_from: str = "after_reasoning") -> str | None:
+    """The content of the last ``\\boxed{...}`` or ``\\fbox{...}`` after any reasoning trace (or, with
+    ``answer_from="response"``, in the whole output, as Qwen2.5-Math's evaluation reads it).
 
     Braces nest. None when there is no box, or the last one is empty or never closed (a truncated
     output: an earlier box is an intermediate result, not the answer).
     """
-    text = after_reasoning(text)
+    text = answer_part(text, answer_from)
     boxes = list(_BOX.finditer(text))
     if not boxes:
         return None
@@ -48,9 +49,9 @@ def is_equivalent(pred: str, gold: str) -> bool:
     return bool(gold_parsed and pred_parsed) and verify(gold_parsed, pred_parsed, timeout_seconds=timeout)
 
 
-def score(output: str, gold: str) -> dict[str, int | str | None]:
+def score(output: str, gold: str, answer_from: str = "after_reasoning") -> dict[str, int | str | None]:
     """``acc`` (0/1) and the extracted answer ``pred`` of one model output."""
-    pred = extract_answer(output)
+    pred = extract_answer(output, answer_from)
     return {"acc": int(pred is not None and is_equivalent(pred, gold)), "pred": pred}
 
 

@@ -1,29 +1,33 @@
-"""LiveCodeBench code generation: lcb_runner's prompts and grading, with every test run sandboxed.
+"""LiveCodeBench code generation: lcb_runner's prompts, code extraction and grading, sandboxed.
 
-Rows follow ``livecodebench/code_generation_lite``. Grading follows lcb_runner's
-``testing_util``: the same implicit imports, stdin outputs compared line by line (whitespace
-stripped, then as decimals), call-based results compared with ``==`` after tuples become lists,
-and a program fails at its first failing test. Unlike lcb_runner, each test runs in its own
-sandboxed process (:mod:`snapeval.sandbox`) and call-based results are compared in the harness,
-as JSON, so that a program cannot fake a pass with an object whose ``__eq__`` always holds.
+Rows follow ``livecodebench/code_generation_lite``. A program is graded by
+:mod:`~snapeval.benchmarks.livecodebench_grader` in one sandboxed process (:mod:`snapeval.sandbox`)
+that runs all its tests, each timed on its own (the call, not the interpreter start-up), under
+lcb_runner's limits: 6 s per test and ``(6 + 1) * tests + 5`` s for the program. The harness judges
+each outcome as lcb_runner's ``testing_util`` does: stdout compared line by line (whitespace stripped,
+then as decimals), a functional result compared with ``==`` after tuples become lists; a program
+fails at its first failing test. Unlike lcb_runner, results are compared outside the sandbox, as
+JSON, so that neither the expected outputs nor an object's own ``__eq__`` take part in the program's run.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
-import math
 import pickle
-import time
+import sys
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any, Literal
 
 from snapeval.benchmarks import after_reasoning
+from snapeval.benchmarks.livecodebench_grader import INT_MAX_STR_DIGITS
 from snapeval.sandbox import DEFAULT_LIMITS, ExecutionResult, SandboxLimits, run_program
 
 SYSTEM_MESSAGE = (
@@ -41,34 +45,11 @@ FORMAT_WITHOUT_STARTER_CODE = (
     "and writes output to STDOUT."
 )
 
-# lcb_runner's ``import_string``, prepended to every solution.
-IMPORTS = (
-    "from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
-    "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\n"
-    "from random import *\nfrom statistics import *\nfrom itertools import *\nfrom functools import *\n"
-    "from operator import *\nfrom io import *\nfrom sys import *\nfrom json import *\n"
-    "from builtins import *\nfrom typing import *\nimport string\nimport re\nimport datetime\n"
-    "import collections\nimport heapq\nimport bisect\nimport copy\nimport math\nimport random\n"
-    "import statistics\nimport itertools\nimport functools\nimport operator\nimport io\nimport sys\n"
-    "import json\nsys.setrecursionlimit(50000)\n"
-)
-
 _PYTHON_FENCE_TAGS = frozenset({"", "python", "python3", "py"})
-_RESULT_MARKER = "\x1esnapeval-result\x1e"
-_NO_RESULT = object()
-_CALL_DRIVER = """
-import json as _json
-import sys as _sys
-
-_namespace = {{"__name__": "solution"}}
-exec(compile({source!r}, "solution.py", "exec"), _namespace)
-_owner = _namespace["Solution"]() if {is_class} else None
-_method = getattr(_owner, {func_name!r}) if {is_class} else _namespace[{func_name!r}]
-_result = _method(*_json.loads(_sys.stdin.read()))
-if isinstance(_result, tuple):
-    _result = list(_result)
-_sys.stdout.write("\\n" + {marker!r} + _json.dumps(_result) + "\\n")
-"""
+HUB_FILES = "hf://datasets/livecodebench/code_generation_lite/{name}.jsonl"
+RELEASES = 6  # release_v1 .. release_v6, each the union of the files up to it
+_GRADER = (Path(__file__).parent / "livecodebench_grader.py").read_text(encoding="utf-8")
+EXTRACTIONS = ("official", "lenient")
 
 Verdict = Literal["passed", "wrong_answer", "runtime_error", "timeout", "memory", "no_code"]
 
@@ -89,6 +70,7 @@ class TestReport:
     num_passed: int
     num_tests: int
     detail: str = ""
+    seconds: float = 0.0  # the slowest test's time, the call alone
 
     @property
     def passed(self) -> bool:
@@ -110,8 +92,21 @@ def build_messages(row: Mapping[str, Any]) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_MESSAGE}, {"role": "user", "content": build_prompt(row)}]
 
 
-def extract_code(text: str) -> str | None:
-    """The last complete fenced block tagged python (or untagged) after any reasoning trace."""
+def extract_code(text: str, mode: str = "official") -> str | None:
+    """The program in a model's output, by ``mode``:
+
+    * ``official`` (lcb_runner's ``extract_code``): the lines between the last two lines that contain
+      a fence (```), whatever their tag, anywhere in the output, reasoning included; None with fewer
+      than two fence lines;
+    * ``lenient``: the last complete block tagged python (or untagged) after any reasoning trace,
+      fences being lines that start with ```; None if there is none.
+    """
+    if mode == "official":
+        lines = text.split("\n")
+        fences = [index for index, line in enumerate(lines) if "```" in line]
+        return "\n".join(lines[fences[-2] + 1 : fences[-1]]) if len(fences) >= 2 else None
+    if mode != "lenient":
+        raise ValueError(f"unknown code extraction {mode!r}; choose one of {', '.join(EXTRACTIONS)}")
     blocks: list[tuple[str, str]] = []
     tag: str | None = None
     body: list[str] = []
@@ -130,37 +125,46 @@ def extract_code(text: str) -> str | None:
 
 
 def parse_tests(row: Mapping[str, Any]) -> list[CodeTest]:
-    """Public then private tests; private ones may be compressed as on the Hub."""
-    tests = _decode_tests(row["public_test_cases"]) + _decode_tests(row["private_test_cases"])
+    """Public then private tests (a row may lack private ones); private ones may be compressed as on
+    the Hub."""
+    tests = _decode_tests(row["public_test_cases"]) + _decode_tests(row.get("private_test_cases") or "[]")
     return [CodeTest(test["input"], test["output"]) for test in tests]
 
 
 def run_tests(code: str | None, row: Mapping[str, Any], limits: SandboxLimits = DEFAULT_LIMITS) -> TestReport:
-    """Run ``code`` on every test of ``row`` in the sandbox, stopping at the first failure.
-
-    ``limits.timeout_s`` bounds each test and ``limits.total_timeout_s`` all of them.
-    """
+    """Grade ``code`` on every test of ``row``: one sandboxed process, each test under
+    ``limits.timeout_s``, the whole run under ``limits.total_timeout_s`` (by default lcb_runner's
+    ``(timeout + 1) * tests + 5`` seconds); the verdict is that of the first failing test."""
     tests = parse_tests(row)
     if not tests:
         raise ValueError(f"problem {row.get('question_id')} has no tests")
     if not code:
         return TestReport("no_code", 0, len(tests))
-    func_name = json.loads(row["metadata"] or "{}").get("func_name")
-    program = _call_program(code, func_name) if func_name else IMPORTS + code
+    func_name = json.loads(row.get("metadata") or "{}").get("func_name")
     budget = limits.total_timeout_s
     if budget is None:
         budget = (limits.timeout_s + 1) * len(tests) + 5
-    deadline = time.monotonic() + budget
-    for index, test in enumerate(tests):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return TestReport("timeout", index, len(tests), f"time budget of {budget:.0f} s exhausted")
-        stdin = json.dumps([json.loads(arg) for arg in test.input.split("\n")]) if func_name else test.input
-        result = run_program(program, stdin, replace(limits, timeout_s=min(limits.timeout_s, remaining)))
-        verdict, detail = _judge(result, test, call_based=bool(func_name))
-        if verdict != "passed":
-            return TestReport(verdict, index, len(tests), detail)
-    return TestReport("passed", len(tests), len(tests))
+    job = {
+        "code": code,
+        "func_name": func_name,
+        "inputs": [t.input for t in tests],
+        "timeout_s": limits.timeout_s,
+    }
+    result = run_program(_GRADER, json.dumps(job), replace(limits, timeout_s=budget))
+    with _big_integers():
+        outcomes = _outcomes(result.stdout)
+        slowest = 0.0
+        for index, test in enumerate(tests):
+            if index not in outcomes:
+                verdict, detail = _ended_early(result, budget)
+                return TestReport(verdict, index, len(tests), detail, slowest)
+            slowest = max(slowest, outcomes[index].get("seconds", 0.0))
+            verdict, detail = _judge(
+                outcomes[index], test, call_based=bool(func_name), limit_s=limits.timeout_s
+            )
+            if verdict != "passed":
+                return TestReport(verdict, index, len(tests), detail, slowest)
+    return TestReport("passed", len(tests), len(tests), seconds=slowest)
 
 
 def outputs_match(actual: str, expected: str) -> bool:
@@ -174,11 +178,17 @@ def outputs_match(actual: str, expected: str) -> bool:
     )
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k estimator ``1 - C(n - c, k) / C(n, k)`` for ``c`` correct of ``n`` samples."""
-    if not (0 <= c <= n and 1 <= k <= n):
-        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+def release_files(release: str) -> tuple[str, ...]:
+    """The Hub files of a release, as lcb_runner's ``version_tag``: ``release_vN`` is every problem up
+    to version N (``test.jsonl``, ``test2.jsonl`` ... ``testN.jsonl``; release_v5 holds 880 problems),
+    ``vN`` only those new in version N."""
+    kind, _, number = release.rpartition("v")
+    if kind not in ("release_", "") or not number.isdigit() or not 1 <= int(number) <= RELEASES:
+        raise ValueError(
+            f"unknown release {release!r}; choose release_v1 .. release_v{RELEASES} or v1 .. v{RELEASES}"
+        )
+    versions = range(1, int(number) + 1) if kind else [int(number)]
+    return tuple(HUB_FILES.format(name="test" if v == 1 else f"test{v}") for v in versions)
 
 
 def filter_by_date(
@@ -217,43 +227,60 @@ def _decode_tests(field: str) -> list[dict[str, str]]:
         return json.loads(_NoGlobalsUnpickler(io.BytesIO(payload)).load())
 
 
-def _call_program(code: str, func_name: str) -> str:
-    return _CALL_DRIVER.format(
-        source=IMPORTS + "\n" + code,
-        is_class="class Solution" in code,
-        func_name=func_name,
-        marker=_RESULT_MARKER,
-    )
+@contextlib.contextmanager
+def _big_integers() -> Iterator[None]:
+    """Parse and print integers of up to lcb_runner's 50,000 digits meanwhile (Python's default is 4,300)."""
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(max(before, INT_MAX_STR_DIGITS) if before else 0)
+    try:
+        yield
+    finally:
+        sys.set_int_max_str_digits(before)
 
 
-def _judge(result: ExecutionResult, test: CodeTest, *, call_based: bool) -> tuple[Verdict, str]:
+def _outcomes(stdout: str) -> dict[int, dict[str, Any]]:
+    """The grader's report per test index (the first for each index; lines that do not parse are
+    whatever a program wrote on the channel, and ignored)."""
+    outcomes: dict[int, dict[str, Any]] = {}
+    for line in stdout.split("\n"):
+        with contextlib.suppress(ValueError, RecursionError):
+            outcome = json.loads(line)
+            if isinstance(outcome, dict) and isinstance(outcome.get("test"), int):
+                outcomes.setdefault(outcome["test"], outcome)
+    return outcomes
+
+
+def _ended_early(result: ExecutionResult, budget: float) -> tuple[Verdict, str]:
+    """The verdict of the first test the grader did not report: the program's process ended first."""
     if result.status == "timeout":
-        return "timeout", f"no answer within {result.seconds:.1f} s"
+        return "timeout", f"time budget of {budget:.0f} s exhausted"
     if result.status == "memory":
         return "memory", "memory limit exceeded"
-    if result.status != "ok":
-        return "runtime_error", _shorten(result.stderr, keep_end=True) or f"exit status {result.returncode}"
+    detail = _shorten(result.stderr, keep_end=True)
+    return "runtime_error", detail or f"the program ended during the test (exit status {result.returncode})"
+
+
+def _judge(
+    outcome: Mapping[str, Any], test: CodeTest, *, call_based: bool, limit_s: float
+) -> tuple[Verdict, str]:
+    status = outcome.get("status")
+    if status == "timeout":
+        return "timeout", f"no answer within {limit_s:g} s"
+    if status != "ok":
+        error = str(outcome.get("error", ""))
+        return ("memory" if error.startswith("MemoryError") else "runtime_error"), _shorten(
+            error, keep_end=True
+        )
     if call_based:
-        returned = _returned_value(result.stdout)
-        if returned is _NO_RESULT:
-            return "runtime_error", "the function returned no result"
-        correct, got = returned == json.loads(test.output), json.dumps(returned)
+        got = outcome.get("value")
+        correct = got == json.loads(test.output)
+        got = json.dumps(got)
     else:
-        correct, got = outputs_match(result.stdout, test.output), result.stdout
+        got = str(outcome.get("stdout", ""))
+        correct = outputs_match(got, test.output)
     if correct:
         return "passed", ""
     return "wrong_answer", f"expected {_shorten(test.output)!r}, got {_shorten(got)!r}"
-
-
-def _returned_value(stdout: str) -> Any:
-    """The JSON value the call driver printed last, or ``_NO_RESULT``."""
-    _, found, payload = stdout.rpartition(_RESULT_MARKER)
-    if not found:
-        return _NO_RESULT
-    try:
-        return json.loads(payload.partition("\n")[0])
-    except (ValueError, RecursionError):  # whatever a hostile program printed after the marker
-        return _NO_RESULT
 
 
 def _stripped_lines(text: str) -> list[str]:

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from snapeval.benchmarks import after_reasoning
+from snapeval.benchmarks import answer_part
 from snapeval.prompting import truncate_middle  # noqa: F401  (part of this module's protocol)
 
 TEMPLATE_0SHOT = (
@@ -62,18 +62,21 @@ def _fill(template: str, row: Mapping[str, Any], cot: str = "") -> str:
     return _PLACEHOLDER.sub(lambda m: values[m[0]], template)
 
 
-def extract_answer(response: str) -> str | None:
-    """The chosen letter, by the official regexes (markdown ``*`` removed), after any reasoning trace."""
-    text = after_reasoning(response).replace("*", "")
+def extract_answer(response: str, answer_from: str = "response") -> str | None:
+    """The chosen letter by the official regexes (markdown ``*`` removed; the first match of the first
+    pattern that matches), in the whole response as pred.py reads it, or only after the reasoning."""
+    text = answer_part(response, answer_from).replace("*", "")
     for pattern in _ANSWER_PATTERNS:
         if match := pattern.search(text):
             return match[1]
     return None
 
 
-def score(response: str, row: Mapping[str, Any]) -> dict[str, int | str | None]:
+def score(
+    response: str, row: Mapping[str, Any], answer_from: str = "response"
+) -> dict[str, int | str | None]:
     """``acc`` (0/1), the extracted ``pred``, and the item's ``difficulty`` and ``length``."""
-    pred = extract_answer(response)
+    pred = extract_answer(response, answer_from)
     return {"acc": int(pred == row["answer"]), "pred": pred, **{key: row[key] for key in GROUPS}}
 
 

@@ -49,7 +49,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from snapeval.errors import SnapevalError
-from snapeval.stats import mean_ci
+from snapeval.stats import mean_ci, pass_at
 
 DEFAULT_DB = Path("results/snapeval.sqlite")
 DB_ENV_VAR = "SNAPEVAL_DB"
@@ -445,6 +445,7 @@ def summarize(df: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.DataFra
                 "prefill_s": group["prefill_s"].mean(),
                 "decode_tok_s": group["generated_tokens"].sum() / decode_s if decode_s > 0 else float("nan"),
                 **trace_summary(group.get("extra", [])),
+                **pass_at(group["sample_id"], group["score"]),
             }
         )
     return pd.DataFrame(rows)

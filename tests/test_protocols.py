@@ -1,0 +1,330 @@
+"""Verdict equivalence with the official harnesses, and the switches where snapeval differs on purpose.
+
+Expected verdicts are written from the official rules (LiveCodeBench ``lcb_runner`` testing_util and
+extraction_utils, LongBench's ``pred.py``, Qwen2.5-Math's last-box extraction), not from snapeval's
+output: each row says why the official grader decides so. Problems are built here, so the suite runs
+without the shared data.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import pytest
+
+from snapeval.benchmarks import aime
+from snapeval.benchmarks import livecodebench as lcb
+from snapeval.benchmarks import longbench_v2 as lb
+from snapeval.errors import SnapevalError
+from snapeval.sandbox import SandboxLimits
+from snapeval.stats import pass_at
+
+from .conftest import composed_sweep
+
+BIG = "9" * 5000
+
+
+def stdin_problem(*cases: tuple[str, str]) -> dict[str, Any]:
+    tests = [{"input": given, "output": expected, "testtype": "stdin"} for given, expected in cases]
+    return {"question_id": "stdin", "public_test_cases": json.dumps(tests), "metadata": "{}"}
+
+
+def functional_problem(func_name: str, *cases: tuple[str, str]) -> dict[str, Any]:
+    tests = [{"input": given, "output": expected, "testtype": "functional"} for given, expected in cases]
+    return {
+        "question_id": "functional",
+        "public_test_cases": json.dumps(tests),
+        "private_test_cases": "[]",
+        "metadata": json.dumps({"func_name": func_name}),
+    }
+
+
+ADD_ONE = stdin_problem(("3\n", "4\n"), ("10\n", "11\n"), ("41\n", "42\n"))
+BIG_PLUS_ONE = stdin_problem((BIG + "\n", "1" + "0" * 5000 + "\n"))
+APPEND = functional_problem("append", ("[1, 2]\n3", "[1, 2, 3]"), ("[]\n7", "[7]"))
+SLOW = "import time\n"
+
+
+def append_method(*body: str, head: str = "") -> str:
+    """A functional solution of APPEND whose method body is ``body`` (lines), after ``head``."""
+    return (
+        head
+        + "class Solution:\n    def append(self, a, x):\n"
+        + "".join(f"        {line}\n" for line in body)
+    )
+
+
+# (program, problem, official verdict, why) -- the official grader passes a program iff it passes.
+VERDICTS = [
+    ("print(int(input()) + 1)", ADD_ONE, "passed", "correct"),
+    ("print(int(input()) + 2)", ADD_ONE, "wrong_answer", "wrong output"),
+    ("print(int(input()) + 1, end='  \\n\\n')", ADD_ONE, "passed", "lines compared stripped"),
+    ("print(f'{int(input()) + 1}.000')", ADD_ONE, "passed", "a line equal as decimals"),
+    ("import sys\nprint(int(input()) + 1)\nsys.exit(1)", ADD_ONE, "passed", "SystemExit is caught"),
+    ("print(int(input()) + 1)\nexit()", ADD_ONE, "passed", "exit() is SystemExit"),
+    ("print(int(input()) + 1)\nquit()", ADD_ONE, "runtime_error", "reliability_guard sets quit = None"),
+    ("import os\nprint(os.getcwd())", ADD_ONE, "runtime_error", "reliability_guard sets os.getcwd = None"),
+    ("raise ValueError('no')", ADD_ONE, "runtime_error", "an exception"),
+    ("while True:\n    pass", ADD_ONE, "timeout", "6 s per test"),
+    ("print(int(input()) + 1)", BIG_PLUS_ONE, "passed", "sys.set_int_max_str_digits(50000)"),
+    (
+        "def main():\n    print(int(input()) + 1)\n\nif __name__ == '__main__':\n    main()",
+        ADD_ONE,
+        "passed",
+        "a final __main__ block is unwrapped",
+    ),
+    (
+        "def main():\n    print(int(input()) + 1)\n\nif '__main__' == __name__:\n    main()",
+        ADD_ONE,
+        "wrong_answer",
+        "only `__name__ == '__main__'` is unwrapped; the module is tmp_sol, so main never runs",
+    ),
+    (
+        "n = int(input())\ndef f():\n    global n\n    return n + 1\nprint(f())",
+        ADD_ONE,
+        "runtime_error",
+        "statements run inside wrapped_function(): n is a local there, not a global",
+    ),
+    ("import sys\nprint(int(sys.stdin.readline()) + 1)", ADD_ONE, "passed", "sys.stdin is mocked"),
+    (
+        "from sys import stdin\nprint(int(stdin.readline()) + 1)",
+        ADD_ONE,
+        "passed",
+        "readline is patched on the real stdin too, which the hoisted import bound",
+    ),
+    ("import sys\nprint(int(sys.stdin.buffer.read()) + 1)", ADD_ONE, "passed", "the mock has a buffer"),
+    ("import sys\nprint(int(sys.stdin.read()) + 1)", ADD_ONE, "passed", "read() is the whole input"),
+    (
+        "import sys\nfor line in sys.stdin:\n    print(int(line) + 1)",
+        ADD_ONE,
+        "runtime_error",
+        "the stdin mock is not iterable",
+    ),
+    (
+        "print(int(open(0).read()) + 1)",
+        ADD_ONE,
+        "runtime_error",
+        "open is bound by `from builtins import *` before open is mocked: it reads the empty real stdin",
+    ),
+    (
+        "from sys import stdout\nstdout.write(str(int(input()) + 1))",
+        ADD_ONE,
+        "wrong_answer",
+        "the hoisted import bound the real stdout, which is not captured",
+    ),
+    (
+        "import sys\nprint(int(input()) + 1)\nsys.stdout.close()",
+        ADD_ONE,
+        "runtime_error",
+        "the capture's close() takes an argument",
+    ),
+    (append_method("return a + [x]"), APPEND, "passed", "correct"),
+    (
+        append_method("print('debug')", "return (*a, x)"),
+        APPEND,
+        "passed",
+        "a returned tuple becomes a list; prints are ignored",
+    ),
+    (
+        append_method("return [np.int64(v) for v in a + [x]]", head="import numpy as np\n"),
+        APPEND,
+        "passed",
+        "numpy integers equal ints",
+    ),
+    (
+        append_method("return [tuple(a + [x])]"),
+        APPEND,
+        "wrong_answer",
+        "a nested tuple is no list",
+    ),
+    (append_method("return a"), APPEND, "wrong_answer", "wrong result"),
+    (
+        append_method(
+            "self.calls = getattr(self, 'calls', 0) + 1",
+            "return a + [x] if self.calls == 1 else a",
+        ),
+        APPEND,
+        "wrong_answer",
+        "one Solution() for all tests: its state carries over",
+    ),
+    (
+        append_method("sys.exit(0)", head="import sys\n"),
+        APPEND,
+        "runtime_error",
+        "SystemExit is not caught in a functional call",
+    ),
+    (append_method("return a + [x]").replace("append", "add"), APPEND, "runtime_error", "no such method"),
+    # Deliberate difference: lcb_runner compares with the returned object's own __eq__.
+    (
+        append_method("return Yes()", head="class Yes:\n    def __eq__(self, other):\n        return True\n"),
+        APPEND,
+        "wrong_answer",
+        "(official: passed) snapeval compares JSON values outside the sandbox, never the object's __eq__",
+    ),
+]
+
+
+@pytest.mark.parametrize(("code", "problem", "verdict", "why"), VERDICTS, ids=[v[3] for v in VERDICTS])
+def test_lcb_verdicts_are_the_official_graders(code: str, problem: dict, verdict: str, why: str) -> None:
+    report = lcb.run_tests(code, problem, SandboxLimits(timeout_s=1))
+    assert report.verdict == verdict, report
+
+
+def test_lcb_times_each_call_not_the_interpreter_or_the_compilation() -> None:
+    """0.7 s to compile and 0.7 s per call pass a 1 s limit: each is timed alone (lcb_runner's alarm
+    around compile_code and around each call); a fresh interpreter per test would take 1.4 s and more."""
+    slow = (
+        "import time\ntime.sleep(0.7)\n"
+        "class Solution:\n    def append(self, a, x):\n        time.sleep(0.7)\n        return a + [x]"
+    )
+    report = lcb.run_tests(slow, APPEND, SandboxLimits(timeout_s=1))
+    assert report.passed, report
+    assert 0.6 < report.seconds < 1.0
+    too_slow = slow.replace("time.sleep(0.7)\n        return", "time.sleep(1.3)\n        return")
+    assert lcb.run_tests(too_slow, APPEND, SandboxLimits(timeout_s=1)).verdict == "timeout"
+
+
+def test_lcb_the_program_budget_is_lcb_runners() -> None:
+    """Each test under its limit, but the program over (timeout + 1) * tests + 5 s: killed, a failure."""
+    each = SLOW + "time.sleep(0.9)\nprint(int(input()) + 1)"
+    assert lcb.run_tests(each, ADD_ONE, SandboxLimits(timeout_s=1)).passed
+    report = lcb.run_tests(each, ADD_ONE, SandboxLimits(timeout_s=1, total_timeout_s=1.5))
+    assert (report.verdict, report.num_passed) == ("timeout", 1), report
+
+
+def test_lcb_grades_in_the_configured_interpreter_with_its_packages() -> None:
+    probe = (
+        "import sys, numpy\nclass Solution:\n    def append(self, a, x):\n"
+        "        return [sys.executable, numpy.__name__]"
+    )
+    expected = json.dumps([sys.executable, "numpy"])
+    report = lcb.run_tests(probe, functional_problem("append", ("[]\n0", expected)))
+    assert report.passed, report
+
+
+# --- code extraction: the five probes where the official rule and the lenient one differ -------------
+
+EXTRACTIONS = [
+    ("```python\nprint(1)\n```", "print(1)", "print(1)", "one block"),
+    ("```python\nprint(1)\n```\nBetter:\n```python\nprint(2)\n```", "print(2)", "print(2)", "last block"),
+    ("print(1)", None, None, "no fence"),
+    ("```cpp\nint main() {}\n```", "int main() {}", None, "a cpp block"),
+    ("<think>\n```python\nprint(1)\n```\n</think>\nDone.", "print(1)", None, "code only inside <think>"),
+    ("```python\nprint(1)\n``` that was the code", "print(1)", None, "a fence line with trailing text"),
+    ("```python\nprint(1)\n```\nOutput:\n```text\n1\n```", "1", "print(1)", "a text block after the code"),
+    ("```python\nprint(1)\n```\nOr:\n```python\nprint(2)", "Or:", "print(1)", "an unclosed last block"),
+]
+
+
+@pytest.mark.parametrize(
+    ("output", "official", "lenient", "why"), EXTRACTIONS, ids=[x[3] for x in EXTRACTIONS]
+)
+def test_lcb_code_extraction_modes(output: str, official: str | None, lenient: str | None, why: str) -> None:
+    assert lcb.extract_code(output) == official  # the default
+    assert lcb.extract_code(output, "official") == official
+    assert lcb.extract_code(output, "lenient") == lenient
+    with pytest.raises(ValueError, match="lenient"):
+        lcb.extract_code(output, "strict")
+
+
+# --- LongBench-v2 and AIME answer extraction --------------------------------------------------------
+
+LONGBENCH = [
+    ("The correct answer is (B)", "B", "B"),
+    ("**The correct answer is (C)**", "C", "C"),
+    ("The correct answer is D, because", "D", "D"),
+    ("The correct answer is B. The correct answer is (C)", "C", "C"),  # the (X) pattern is tried first
+    ("<think>The correct answer is (A)? No.</think>The correct answer is (B)", "A", "B"),
+    ("<think>The correct answer is (C)</think>I am not sure.", "C", None),
+    ("I cannot tell.", None, None),
+]
+
+
+@pytest.mark.parametrize(("response", "official", "after_reasoning"), LONGBENCH)
+def test_longbench_answer_extraction(response: str, official: str | None, after_reasoning: str | None):
+    assert lb.extract_answer(response) == official  # pred.py reads the whole response
+    assert lb.extract_answer(response, "response") == official
+    assert lb.extract_answer(response, "after_reasoning") == after_reasoning
+
+
+AIME = [
+    ("So \\boxed{25}.", "25", "25"),
+    ("<think>\\boxed{7}</think>The answer is \\boxed{25}.", "25", "25"),
+    ("<think>It is \\boxed{204}.</think>I could not finish.", "204", None),
+    ("The answer is 204.", None, None),
+]
+
+
+@pytest.mark.parametrize(("output", "whole", "after_reasoning"), AIME)
+def test_aime_answer_extraction(output: str, whole: str | None, after_reasoning: str | None) -> None:
+    assert aime.extract_answer(output) == after_reasoning  # snapeval's default
+    assert aime.extract_answer(output, "response") == whole  # Qwen2.5-Math: the last box anywhere
+
+
+# --- LiveCodeBench data and metrics -----------------------------------------------------------------
+
+
+def test_lcb_releases_are_unions_of_the_hub_files() -> None:
+    files = lcb.release_files("release_v5")
+    assert [f.rsplit("/", 1)[1] for f in files] == ["test.jsonl", *[f"test{v}.jsonl" for v in range(2, 6)]]
+    assert lcb.release_files("v5") == (files[-1],)
+    assert len(lcb.release_files("release_v6")) == 6
+    for bad in ("release_v7", "v0", "latest", "release_vx"):
+        with pytest.raises(ValueError, match="release_v1"):
+            lcb.release_files(bad)
+
+
+def test_lcb_a_row_without_private_tests_loads() -> None:
+    row = {"public_test_cases": json.dumps([{"input": "1\n", "output": "2\n", "testtype": "stdin"}])}
+    assert lcb.parse_tests(row) == [lcb.CodeTest("1\n", "2\n")]
+
+
+def test_pass_at_k_over_problems_and_draws() -> None:
+    ids = [f"p{p}#{d}" for p in range(2) for d in range(10)]
+    scores = [1.0] * 3 + [0.0] * 7 + [0.0] * 10
+    result = pass_at(ids, scores)
+    assert result["pass@5"] == pytest.approx((1 - 21 / 252) / 2)  # p0: 1 - C(7,5)/C(10,5); p1: 0
+    assert result["pass@10"] == pytest.approx(0.5)
+    assert pass_at(ids[:5] + ids[10:15], scores[:5] + scores[10:15]) == {"pass@5": pytest.approx(0.5)}
+    assert pass_at(["a", "b"], [1.0, 0.0]) == {}  # single answers
+    assert pass_at(ids, [0.5] * 20) == {}  # not pass/fail scores
+
+
+# --- configs: budgets, presets and the paper models -------------------------------------------------
+
+
+def test_longbench_composes_with_the_official_120k_budget() -> None:
+    (cfg,) = composed_sweep(None, "task=longbench_v2", "model=llama-3.1-8b-instruct")
+    assert cfg["task"]["max_prompt_tokens"] == 120_000
+    assert cfg["model"]["max_context"] - cfg["task"]["max_new_tokens"] >= 120_000
+    assert cfg["task"]["metadata"]["answer_from"] == "response"
+    assert cfg["generation"]["do_sample"] is False  # snapeval's greedy default
+    (qwen,) = composed_sweep(None, "task=longbench_v2", "model=qwen2.5-7b-instruct")
+    assert qwen["model"]["max_context"] == 131_072  # with the model card's YaRN, as LongBench-v2 ran it
+    assert qwen["model"]["config_overrides"]["rope_parameters"]["rope_type"] == "yarn"
+
+
+@pytest.mark.parametrize(
+    ("preset", "task", "generation"),
+    [
+        ("livecodebench_official", "livecodebench", {"temperature": 0.2, "top_p": 0.95, "num_samples": 10}),
+        ("longbench_v2_official", "longbench_v2", {"temperature": 0.1, "top_p": 1.0, "num_samples": 1}),
+        ("aime24_r1", "aime24", {"temperature": 0.6, "top_p": 0.95, "num_samples": 64}),
+    ],
+)
+def test_protocol_presets(preset: str, task: str, generation: dict[str, Any]) -> None:
+    (cfg,) = composed_sweep(None, f"+protocol={preset}")
+    assert cfg["protocol"] == {"name": preset, "task": task}
+    assert cfg["task"]["name"] == task
+    assert cfg["generation"]["do_sample"] is True
+    assert {key: cfg["generation"][key] for key in generation} == generation
+    if task == "livecodebench":
+        assert cfg["task"]["max_new_tokens"] == 2000
+        assert cfg["task"]["metadata"]["code_extraction"] == "official"
+
+
+def test_a_protocol_of_another_task_is_refused() -> None:
+    with pytest.raises(SnapevalError, match=r"^protocol: aime24_r1 is a protocol of task aime24"):
+        composed_sweep(None, "+protocol=aime24_r1", "task=livecodebench")
