@@ -6,7 +6,7 @@ import pytest
 
 from snapeval.errors import SnapevalError
 from snapeval.models import encode_chat
-from snapeval.prompting import encode_with_split, fit_to_window
+from snapeval.prompting import encode_with_split, fit_to_window, truncate_content
 
 DOCUMENT = " ".join(f"Sentence number {i} of the document." for i in range(200))
 
@@ -35,3 +35,19 @@ def test_query_agnostic_split_falls_where_the_query_starts(smollm):
     assert tokenizer.decode(ids[split:]).startswith("What is the correct answer to this question: x?")
     assert tokenizer.decode(ids[:split]).rstrip().endswith("number 199 of the document.")
     assert encode_with_split(tokenizer, messages, None) == (encode_chat(tokenizer, messages), None)
+
+
+def test_protocol_budget_cuts_the_prompt_text_as_pred_py(smollm):
+    """``task.max_prompt_tokens``: the text, encoded as pred.py encodes it, keeps its first budget // 2
+    tokens and its last budget - budget // 2, decoded without special tokens; the template comes after."""
+    tokenizer = smollm.tokenizer
+    text = f"BEGIN {DOCUMENT} END"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+    ids = tokenizer.encode(text)
+    cut = truncate_content(tokenizer, messages, 301)
+    assert cut[0] == messages[0]
+    assert cut[1]["content"] == tokenizer.decode(ids[:150] + ids[-151:], skip_special_tokens=True)
+    assert cut[1]["content"].startswith("BEGIN Sentence number 0")
+    assert cut[1]["content"].endswith("number 199 of the document. END")
+    assert abs(len(tokenizer.encode(cut[1]["content"])) - 301) <= 2  # re-encoding a cut may merge tokens
+    assert truncate_content(tokenizer, messages, len(ids)) == messages

@@ -77,15 +77,18 @@ def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path
         tmp_path,
         "task.limit=2",
         "task.context_length=256",
-        "generation.num_samples=2",
+        "generation.num_samples=5",
         "generation.do_sample=true",
         "generation.temperature=0.7",
         "task.max_new_tokens=8",
     )
     [summary] = runner.run(cfg)
     frame = load(tmp_path / "db.sqlite")
-    assert summary.n == 4 and sorted(frame["sample_id"])[0].endswith("#0")
-    assert {extra["draw"] for extra in frame["extra"]} == {0, 1}
+    assert summary.n == 10 and sorted(frame["sample_id"])[0].endswith("#0")
+    assert {extra["draw"] for extra in frame["extra"]} == set(range(5))
+    correct = frame.groupby(frame["sample_id"].str.split("#").str[0])["score"].sum()
+    assert summary.pass_at == {"pass@5": pytest.approx(sum(c > 0 for c in correct) / 2)}  # n = k: any pass
+    assert "pass@5" in runner.format_summary([summary])
     for extra, generated in zip(frame["extra"], frame["generated_tokens"], strict=True):
         trace = extra["trace"]
         assert trace["generated_tokens"] == generated <= 8

@@ -445,7 +445,7 @@ def summarize(df: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.DataFra
                 "prefill_s": group["prefill_s"].mean(),
                 "decode_tok_s": group["generated_tokens"].sum() / decode_s if decode_s > 0 else float("nan"),
                 **trace_summary(group.get("extra", [])),
-                **pass_at(group["sample_id"], group["score"]),
+                **(pass_at(group["sample_id"], group["score"]) if "sample_id" in group else {}),
             }
         )
     return pd.DataFrame(rows)
