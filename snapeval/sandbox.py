@@ -62,9 +62,10 @@ _BOOTSTRAP = (Path(__file__).parent / "sandbox_bootstrap.py").read_text(encoding
 class SandboxLimits:
     """Resource limits of one program run.
 
-    ``timeout_s`` bounds each run (each test case). ``total_timeout_s`` bounds all the runs of one
-    program (see ``livecodebench.run_tests``); ``None`` means lcb_runner's ``(timeout + 1) * tests
-    + 5`` seconds.
+    ``timeout_s`` bounds one run of :func:`run_program`. LiveCodeBench grading
+    (``livecodebench.run_tests``) runs all tests of a program in one run: there ``timeout_s`` bounds each
+    test (the grader's alarm) and ``total_timeout_s`` the run; ``None`` means lcb_runner's
+    ``(timeout + 1) * tests + 5`` seconds.
     """
 
     timeout_s: float = 6.0
