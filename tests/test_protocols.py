@@ -328,3 +328,18 @@ def test_protocol_presets(preset: str, task: str, generation: dict[str, Any]) ->
 def test_a_protocol_of_another_task_is_refused() -> None:
     with pytest.raises(SnapevalError, match=r"^protocol: aime24_r1 is a protocol of task aime24"):
         composed_sweep(None, "+protocol=aime24_r1", "task=livecodebench")
+
+
+def test_lcb_a_program_writing_forged_reports_gains_nothing() -> None:
+    """A program that finds the grader's channel and writes reports of its own: malformed ones are
+    ignored (no crash), and a forged report is judged like any other: it needs the right output."""
+    reports = [
+        {"test": 0, "status": "ok", "seconds": "x", "stdout": "99"},
+        {"test": 1, "status": "ok", "stdout": 11},
+    ]
+    lines = "".join(json.dumps(report) + "\n" for report in reports) + "[not json\n"
+    forge = f"import os\nfor fd in range(3, 20):\n    try:\n        os.write(fd, {lines.encode()!r})\n"
+    forge += "    except OSError:\n        pass\n"
+    report = lcb.run_tests(forge, ADD_ONE, SandboxLimits(timeout_s=1))
+    assert (report.verdict, report.num_passed) == ("wrong_answer", 0), report
+    assert "got '99'" in report.detail  # the forged report reached the harness, and failed

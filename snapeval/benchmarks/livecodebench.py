@@ -8,6 +8,8 @@ each outcome as lcb_runner's ``testing_util`` does: stdout compared line by line
 then as decimals), a functional result compared with ``==`` after tuples become lists; a program
 fails at its first failing test. Unlike lcb_runner, results are compared outside the sandbox, as
 JSON, so that neither the expected outputs nor an object's own ``__eq__`` take part in the program's run.
+As in lcb_runner, a program shares its process with the grading loop, so it could tamper with its own
+per-test timing; the sandbox's budget for the whole run holds regardless.
 """
 
 from __future__ import annotations
@@ -246,6 +248,9 @@ def _outcomes(stdout: str) -> dict[int, dict[str, Any]]:
         with contextlib.suppress(ValueError, RecursionError):
             outcome = json.loads(line)
             if isinstance(outcome, dict) and isinstance(outcome.get("test"), int):
+                seconds = outcome.get("seconds")
+                if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+                    outcome["seconds"] = 0.0
                 outcomes.setdefault(outcome["test"], outcome)
     return outcomes
 
