@@ -1,8 +1,12 @@
 """The attention function that lets a snapeval cache see queries and own the attention mask.
 
 transformers calls ``past_key_values.update(k, v, layer_idx)`` and then the layer's attention function,
-in that order, for every layer. A snapeval cache hands itself over in ``update`` (:func:`hand_over`); the
-attention function registered here as ``"snapeval"`` claims it and then
+in that order, for every layer, but does not give the attention function the cache. :func:`install`
+wraps each attention module's ``forward`` so that the ``past_key_values`` it receives also reaches the
+attention function (as the ``snapeval_cache`` keyword, through transformers' attention kwargs): no state
+outside the call, so two models or two threads never see each other's cache, and ``torch.compile``
+traces it as plain arguments. When that cache is a snapeval cache, the attention function registered
+here as ``"snapeval"``
 
 * at prefill, runs ordinary SDPA with the model's causal/padding mask, and afterwards gives the cache the
   layer's post-RoPE queries so it can score and compress that layer at once;
@@ -15,36 +19,20 @@ With any other cache (or none) it is exactly transformers' SDPA. :func:`install`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from snapeval.cache.base import SnapevalCache
 from snapeval.errors import SnapevalError
-
-if TYPE_CHECKING:
-    from snapeval.cache.base import SnapevalCache
 
 ATTENTION_NAME = "snapeval"
 ROPE_INV_FREQ = "snapeval_rope_inv_freq"  # attribute that install() sets on every attention module
-_handed_over: tuple[SnapevalCache, int] | None = None
-
-
-def hand_over(cache: SnapevalCache, layer_idx: int) -> None:
-    """Called by a cache's ``update``: the next attention call of ``layer_idx`` belongs to ``cache``."""
-    global _handed_over
-    _handed_over = (cache, layer_idx)
-
-
-def _claim(layer_idx: int) -> SnapevalCache | None:
-    global _handed_over
-    if _handed_over is None or _handed_over[1] != layer_idx:
-        return None
-    cache, _ = _handed_over
-    _handed_over = None
-    return cache
+CACHE_KWARG = "snapeval_cache"  # the keyword that carries a layer's past_key_values to the attention
 
 
 def snapeval_attention(
@@ -55,10 +43,10 @@ def snapeval_attention(
     attention_mask: torch.Tensor | None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA whose mask and prefill side effects come from the snapeval cache that was just updated."""
+    """SDPA whose mask and prefill side effects come from the layer's snapeval cache, if it has one."""
     layer_idx = module.layer_idx
-    cache = _claim(layer_idx)
-    if cache is None:
+    cache = kwargs.pop(CACHE_KWARG, None)
+    if not isinstance(cache, SnapevalCache):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if cache.awaiting_prefill(layer_idx):
         output = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -98,8 +86,21 @@ def _rope_inv_freq(model: PreTrainedModel) -> torch.Tensor | None:
     return inv_freq.detach().float().clone()
 
 
+def _passing_the_cache(forward: Callable) -> Callable:
+    """An attention module's ``forward`` that also hands its ``past_key_values`` to the attention
+    function (transformers passes the module's extra keyword arguments on to it)."""
+
+    @functools.wraps(forward)
+    def forward_with_cache(*args, past_key_values=None, **kwargs):
+        return forward(*args, past_key_values=past_key_values, **{CACHE_KWARG: past_key_values}, **kwargs)
+
+    setattr(forward_with_cache, CACHE_KWARG, True)
+    return forward_with_cache
+
+
 def install(model: PreTrainedModel) -> PreTrainedModel:
-    """Register the ``snapeval`` attention and switch ``model`` to it (a no-op for other caches).
+    """Register the ``snapeval`` attention and switch ``model`` to it (a no-op for other caches); each
+    attention module's ``forward`` passes its cache on (see the module docstring).
 
     Every attention module also gets the model's RoPE frequencies as ``ROPE_INV_FREQ`` (or None), for
     caches that re-rotate keys.
@@ -118,6 +119,8 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
     for module in model.modules():
         if hasattr(module, "layer_idx"):
             setattr(module, ROPE_INV_FREQ, inv_freq)
+            if not getattr(module.forward, CACHE_KWARG, False):
+                module.forward = _passing_the_cache(module.forward)
     AttentionInterface.register(ATTENTION_NAME, snapeval_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
     model.set_attn_implementation(ATTENTION_NAME)

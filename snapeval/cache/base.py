@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from snapeval.cache.attention import hand_over
 from snapeval.errors import SnapevalError
 
 EMPTY = -1
@@ -207,11 +206,6 @@ class SnapevalCache(Cache):
     def params(self) -> dict:
         """The method and its parameters, as stored with results."""
         return {"method": self.method, **{name: getattr(self, name) for name in self.parameter_names()}}
-
-    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        hand_over(self, layer_idx)
-        return keys, values
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
         """Slots one row needs at a fixed shape: ``prompt_length`` compressed prompt tokens, then

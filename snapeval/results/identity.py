@@ -1,0 +1,105 @@
+"""What identifies a result: the config hash (the stored config less what does not change a result),
+the config's dotted columns and the short names of the keys that tell experiments apart, and the
+provenance recorded with each run (git commit, package versions)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import platform
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+#: Config keys (dotted paths) that do not change what a sample's result is, left out of
+#: :func:`config_hash`: where results go, Hydra's own settings, progress display, the memory
+#: estimator's settings, and ``task.limit`` so that a run with a larger limit reuses the samples
+#: of a smaller one, and how answers are decoded (``generation.batch_size``, ``compile``; the retired
+#: ``draw_batch``): every path gives the same answers.
+DEFAULT_IGNORED: tuple[str, ...] = (
+    "db",
+    "hydra",
+    "progress",
+    "memory",
+    "task.limit",
+    "generation.draw_batch",
+    "generation.batch_size",
+    "generation.compile",
+)
+
+#: Short column names in :func:`load`, for the config keys that identify an experiment.
+ALIASES: dict[str, str] = {
+    "model": "model.name",
+    "task": "task.name",
+    "method": "cache.method",
+    "budget": "cache.budget",
+    "window": "cache.window",
+    "kernel": "cache.kernel",
+    "pooling": "cache.pooling",
+}
+
+#: Distribution of each package whose version a run records.
+VERSIONED_PACKAGES: dict[str, str] = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "lm_eval": "lm-eval",
+    "snapeval": "snapeval",
+}
+
+
+def config_hash(config: Mapping[str, Any], ignore: Iterable[str] = DEFAULT_IGNORED) -> str:
+    """SHA-256 of the canonical JSON of ``config`` without the ``ignore`` dotted keys."""
+    for path in ignore:
+        config = _without(config, path)
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _without(config: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+    head, _, rest = path.partition(".")
+    if head not in config:
+        return config
+    if not rest:
+        return {key: value for key, value in config.items() if key != head}
+    child = config[head]
+    return {**config, head: _without(child, rest)} if isinstance(child, Mapping) else config
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as dotted keys: ``{"cache": {"budget": 8}}`` -> ``{"cache.budget": 8}``."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def git_sha() -> str | None:
+    """The commit of the snapeval checkout a run uses, or None outside a git checkout."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip()
+
+
+def package_versions() -> dict[str, str | None]:
+    """Python's and each :data:`VERSIONED_PACKAGES` version (None where not installed)."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for key, distribution in VERSIONED_PACKAGES.items():
+        try:
+            versions[key] = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            versions[key] = None
+    return versions

@@ -1,0 +1,79 @@
+"""The results database's tables: runs, their scored samples, and memory estimates."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+RunStatus = Literal["running", "finished", "failed", "interrupted"]
+RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
+
+metadata = MetaData()
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("status", String(16), nullable=False),
+    Column("error", Text),
+    Column("git_sha", String(40)),
+    Column("versions", JSON(none_as_null=True)),
+    Column("hostname", String(255)),
+    Column("config", JSON(none_as_null=True), nullable=False),
+    Column("config_hash", String(64), nullable=False, index=True),
+    Column("model", String(255)),
+    Column("task", String(255)),
+    Column("method", String(64)),
+    CheckConstraint(f"status IN {RUN_STATUSES}", name="ck_runs_status"),
+    Index("ix_runs_model_task_method", "model", "task", "method"),
+)
+
+samples = Table(
+    "samples",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("run_id", Integer, ForeignKey("runs.id"), nullable=False),
+    Column("config_hash", String(64), nullable=False),
+    Column("sample_id", String(255), nullable=False),
+    Column("prompt_tokens", Integer),
+    Column("output", Text),
+    Column("target", JSON(none_as_null=True)),
+    Column("score", Float),
+    Column("metrics", JSON(none_as_null=True)),
+    Column("prefill_s", Float),
+    Column("decode_s", Float),
+    Column("generated_tokens", Integer),
+    Column("peak_memory_bytes", BigInteger),
+    Column("kv_bytes", BigInteger),
+    Column("extra", JSON(none_as_null=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("config_hash", "sample_id", name="uq_samples_config_sample"),
+)
+
+memory_estimates = Table(
+    "memory_estimates",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("config_hash", String(64), nullable=False, unique=True),
+    Column("config", JSON(none_as_null=True), nullable=False),
+    Column("estimate", JSON(none_as_null=True), nullable=False),
+    Column("estimated_at", DateTime(timezone=True), nullable=False),
+)
