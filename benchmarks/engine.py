@@ -33,10 +33,10 @@ import transformers
 from tabulate import tabulate
 from transformers import PreTrainedModel
 
-from snapeval import synthetic
 from snapeval.cache import METHODS, build_cache, install
 from snapeval.generation import generate
 from snapeval.models import ModelSpec, encode_chat, load_model, load_tokenizer
+from snapeval.tasks import ruler
 
 SPEC = ModelSpec(
     name="smollm2-135m",
@@ -187,7 +187,7 @@ def machine_lines(threads: int, rss: PeakRss, args: argparse.Namespace) -> list[
 
 def prompt_ids(tokenizer, length: int, seed: int) -> list[int]:
     """A chat-templated niah_single prompt of (at most, and normally exactly) ``length`` tokens."""
-    sample = synthetic.generate("niah_single", tokenizer, length, 1, seed)[0]
+    sample = ruler.generate("niah_single", tokenizer, length, 1, seed)[0]
     return encode_chat(tokenizer, [{"role": "user", "content": sample.prompt}])
 
 

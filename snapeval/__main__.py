@@ -19,7 +19,7 @@ def main(cfg: DictConfig) -> None:
     config = OmegaConf.to_container(cfg, resolve=True)
     try:
         if config["job"] == "memory":
-            from snapeval.memory.sweep import run_memory_point
+            from snapeval.memory.point import run_memory_point
 
             print(run_memory_point(config))
             return

@@ -1,6 +1,6 @@
 """Where the project's declarative parts live: Hydra configs and lm-eval task definitions.
 
-In a checkout (and an editable install) they are the top-level ``conf/`` and ``tasks/``; a wheel
+In a checkout (and an editable install) they are the top-level ``conf/`` and ``lm_eval_tasks/``; a wheel
 carries them inside the package (see ``hatch_build.py``).
 """
 
@@ -15,4 +15,4 @@ def _declarative_dir(name: str) -> Path:
 
 
 CONF_DIR = _declarative_dir("conf")
-TASKS_DIR = _declarative_dir("tasks")
+LM_EVAL_TASKS_DIR = _declarative_dir("lm_eval_tasks")

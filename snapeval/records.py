@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from snapeval.continuous import Answer
-from snapeval.tasks import EvalTask, Prompt
+from snapeval.tasks import Prompt, Task
 
 
 def answer_text(tokenizer: PreTrainedTokenizerBase, answer: Answer, skip_special_tokens: bool = True) -> str:
@@ -45,7 +45,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def sample_row(
-    task: EvalTask,
+    task: Task,
     prompt: Prompt,
     calls: list[Answer],
     reference: str | None,

@@ -29,7 +29,7 @@ from snapeval.records import answer_text, sample_row
 from snapeval.results import ResultsDB, config_hash
 from snapeval.sampling import Sampling
 from snapeval.stats import mean_ci, pass_at
-from snapeval.tasks import AnswerPass, EvalTask, Prompt, load_task
+from snapeval.tasks import AnswerPass, Prompt, Task, load_task
 
 #: Config keys that say how or where to run, not what: never stored, never hashed.
 NOT_STORED = ("db", "hydra", "memory", "job", "grid")
@@ -195,7 +195,7 @@ def _full_cache_digest(config: Mapping[str, Any]) -> str:
 def _evaluate(
     cfg: Mapping[str, Any],
     spec: ModelSpec,
-    task: EvalTask,
+    task: Task,
     prompts: list[Prompt],
     points: list[_Point],
     db: ResultsDB,

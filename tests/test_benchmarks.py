@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
-from snapeval.benchmarks import after_reasoning, aime
-from snapeval.benchmarks import livecodebench as lcb
-from snapeval.benchmarks import longbench_v2 as lb
+from snapeval.prompting import truncate_middle
 from snapeval.sandbox import SandboxLimits
 from snapeval.stats import pass_at_k
+from snapeval.tasks import aime24 as aime
+from snapeval.tasks import livecodebench as lcb
+from snapeval.tasks import longbench_v2 as lb
+from snapeval.tasks.base import after_reasoning
 
 from .paths import SHARED_DATA
 
@@ -176,12 +178,12 @@ def test_longbench_extracts_the_answer_letter(response: str, expected: str | Non
 
 def test_longbench_truncates_the_middle_like_pred_py() -> None:
     tokens = list(range(10))
-    assert lb.truncate_middle(tokens, 4) == [0, 1, 8, 9]
-    assert lb.truncate_middle(tokens, 5) == [0, 1, 7, 8, 9]  # tokens[:5 // 2] + tokens[-5 // 2:]
-    assert lb.truncate_middle(tokens, 10) == tokens
-    assert lb.truncate_middle(tokens, 1) == [9]
+    assert truncate_middle(tokens, 4) == [0, 1, 8, 9]
+    assert truncate_middle(tokens, 5) == [0, 1, 7, 8, 9]  # tokens[:5 // 2] + tokens[-5 // 2:]
+    assert truncate_middle(tokens, 10) == tokens
+    assert truncate_middle(tokens, 1) == [9]
     with pytest.raises(ValueError):
-        lb.truncate_middle(tokens, 0)
+        truncate_middle(tokens, 0)
 
 
 def test_longbench_scores_and_summarizes_real_items() -> None:

@@ -30,8 +30,8 @@ def snapeval(*args: str, tmp_path) -> subprocess.CompletedProcess:
         (["cache=snapkv", "cache.pooling=median"], "error: cache.pooling: unknown pooling 'median'"),
         (["task.contxt_length=5"], "contxt_length"),
         (
-            ["task=longbench_v2_cot", "task.answer_pass.prompt=snapeval.benchmarks.longbench_v2.nope"],
-            "error: task.answer_pass.prompt: cannot import 'snapeval.benchmarks.longbench_v2.nope'",
+            ["task=longbench_v2_cot", "task.answer_pass.prompt=snapeval.tasks.longbench_v2.nope"],
+            "error: task.answer_pass.prompt: cannot import 'snapeval.tasks.longbench_v2.nope'",
         ),
         (
             ["task=longbench_v2_cot", "task.answer_pass.max_new_tokens=0"],

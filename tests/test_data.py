@@ -6,8 +6,11 @@ import json
 
 import pytest
 
-from snapeval.data import AIME24, LIVECODEBENCH, LONGBENCH_V2, load_rows
 from snapeval.errors import SnapevalError
+from snapeval.tasks.aime24 import AIME24
+from snapeval.tasks.data import load_rows
+from snapeval.tasks.livecodebench import LIVECODEBENCH
+from snapeval.tasks.longbench_v2 import LONGBENCH_V2
 
 from .paths import SHARED_DATA, needs_shared_data
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from snapeval.paths import TASKS_DIR
+from snapeval.paths import LM_EVAL_TASKS_DIR
 
 from .paths import SHARED_DATA, needs_shared_data
 
@@ -75,7 +75,7 @@ def test_lm_eval_cli_evaluates_a_task_under_snapstream(tmp_path, task, extra_arg
             "--model_args",
             "pretrained=smollm2-135m,method=snapstream,budget=96,window=16,kernel=5",
             "--include_path",
-            str(TASKS_DIR),
+            str(LM_EVAL_TASKS_DIR),
             "--tasks",
             task,
             *extra_args,

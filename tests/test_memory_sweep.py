@@ -13,7 +13,7 @@ import torch
 from snapeval.cache import FullCache, SnapevalCache, SnapStreamCache
 from snapeval.errors import SnapevalError
 from snapeval.memory import estimate, geometry_from_config
-from snapeval.memory.sweep import run_memory_point
+from snapeval.memory.point import run_memory_point
 from snapeval.models import encode_chat
 from snapeval.results import load_memory
 from tests.conftest import compose_config

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from snapeval.benchmarks import aime
-from snapeval.benchmarks import livecodebench as lcb
-from snapeval.benchmarks import longbench_v2 as lb
 from snapeval.errors import SnapevalError
 from snapeval.sandbox import SandboxLimits
 from snapeval.stats import pass_at
+from snapeval.tasks import aime24 as aime
+from snapeval.tasks import livecodebench as lcb
+from snapeval.tasks import longbench_v2 as lb
 
 from .conftest import composed_sweep
 

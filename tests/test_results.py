@@ -8,15 +8,8 @@ import pandas as pd
 import pytest
 from sqlalchemy import select
 
-from snapeval.results import (
-    DEFAULT_DB,
-    ResultsDB,
-    config_hash,
-    database_url,
-    load,
-    runs,
-    summarize,
-)
+from snapeval.results import DEFAULT_DB, ResultsDB, config_hash, database_url, load, summarize
+from snapeval.results.schema import runs
 
 # Writes samples first..first+count-1 of a config, says so, then finishes its run or hangs.
 WRITER = """

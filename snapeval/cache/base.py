@@ -87,9 +87,7 @@ class KVLayer(CacheLayerMixin):
         columns = torch.arange(self.seen, self.seen + length, device=key_states.device)
         if not self.prefilled:
             if self.keys is not None:
-                raise SnapevalError(
-                    "a snapeval cache takes its prompt in one prefill call (chunking comes later)"
-                )
+                raise SnapevalError("a snapeval cache takes its prompt in one prefill call")
             self.keys, self.values = key_states, value_states
             self.positions = columns.repeat(batch, heads, 1)
         elif self.capacity is None:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from snapeval.errors import SnapevalError
 from snapeval.memory.units import parse_size
+from snapeval.paths import CONF_DIR
 
-HARDWARE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
+HARDWARE_DIR = CONF_DIR / "hardware"
 TIER_NAMES = ("onchip", "hbm", "ddr")
 
 

@@ -1,4 +1,7 @@
-"""Read the results database: ``python -m snapeval.results summary|export``.
+"""Read the results database: ``python -m snapeval.results summary|export|migrate``.
+
+``migrate`` brings a database written by an older snapeval to today's configs (retired config keys
+dropped, runs and samples re-keyed), so that its runs resume.
 
 The database is ``--db`` (a path or SQLAlchemy URL), else ``$SNAPEVAL_DB``, else
 ``results/snapeval.sqlite`` in the current directory.
@@ -15,7 +18,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from snapeval.errors import SnapevalError
-from snapeval.results import DB_ENV_VAR, DEFAULT_DB, load, summarize
+from snapeval.results import DB_ENV_VAR, DEFAULT_DB, ResultsDB, load, summarize
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("summary", parents=[db], help="print accuracy, KV size and speed per experiment")
     export = commands.add_parser("export", parents=[db], help="write one row per sample to a CSV file")
     export.add_argument("--csv", required=True, type=Path, help="output file")
+    commands.add_parser(
+        "migrate", parents=[db], help="re-key runs stored by an older snapeval so they resume"
+    )
     return parser
 
 
@@ -54,6 +60,10 @@ def _export(df: pd.DataFrame, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "migrate":
+            with ResultsDB(args.db, must_exist=True) as db:
+                print(f"migrated {db.migrate()} run(s)")
+            return 0
         df = load(args.db)
     except SnapevalError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -29,6 +29,10 @@ DEFAULT_IGNORED: tuple[str, ...] = (
     "generation.compile",
 )
 
+#: Config keys that no longer exist: ``python -m snapeval.results migrate`` drops them from stored
+#: configs and re-keys those runs' samples, so that the runs resume under the configs of today.
+RETIRED_KEYS: tuple[str, ...] = ("task.family", "task.lm_eval_task", "task.id_field")
+
 #: Short column names in :func:`load`, for the config keys that identify an experiment.
 ALIASES: dict[str, str] = {
     "model": "model.name",
@@ -55,6 +59,13 @@ def config_hash(config: Mapping[str, Any], ignore: Iterable[str] = DEFAULT_IGNOR
         config = _without(config, path)
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def without_retired_keys(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``config`` less :data:`RETIRED_KEYS`."""
+    for path in RETIRED_KEYS:
+        config = _without(config, path)
+    return config
 
 
 def _without(config: Mapping[str, Any], path: str) -> Mapping[str, Any]:

@@ -11,12 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, create_engine, event, make_url, select, update
+from sqlalchemy import Engine, create_engine, delete, event, make_url, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from snapeval.errors import SnapevalError
-from snapeval.results.identity import ALIASES, config_hash, flatten, git_sha, package_versions
+from snapeval.results.identity import (
+    ALIASES,
+    config_hash,
+    flatten,
+    git_sha,
+    package_versions,
+    without_retired_keys,
+)
 from snapeval.results.schema import RunStatus, memory_estimates, metadata, runs, samples
 
 DEFAULT_DB = Path("results/snapeval.sqlite")
@@ -132,6 +139,25 @@ class ResultsDB:
         with self.engine.begin() as conn:
             result = conn.execute(insert.on_conflict_do_nothing(index_elements=["config_hash", "sample_id"]))
         return result.rowcount == 1
+
+    def migrate(self) -> int:
+        """Drop retired keys from every stored config and re-key its run and samples by the new hash
+        (a sample already stored under the new hash wins); returns how many runs changed."""
+        changed = 0
+        with self.engine.begin() as conn:
+            for run in conn.execute(select(runs.c.id, runs.c.config, runs.c.config_hash)).mappings().all():
+                config = dict(without_retired_keys(run["config"]))
+                digest = config_hash(config)
+                if digest == run["config_hash"] and config == run["config"]:
+                    continue
+                stored = select(samples.c.sample_id).where(samples.c.config_hash == digest)
+                ours = (samples.c.config_hash == run["config_hash"]) & (samples.c.run_id == run["id"])
+                conn.execute(delete(samples).where(ours & samples.c.sample_id.in_(stored)))
+                conn.execute(update(samples).where(ours).values(config_hash=digest))
+                this_run = runs.c.id == run["id"]
+                conn.execute(update(runs).where(this_run).values(config=config, config_hash=digest))
+                changed += 1
+        return changed
 
     def done_sample_ids(self, config_hash: str) -> set[str]:
         """Ids of the samples already stored for this config, by any run."""

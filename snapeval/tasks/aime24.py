@@ -1,4 +1,9 @@
-"""AIME: the official prompt, the last ``\\boxed{}`` answer and equivalence by math_verify."""
+"""AIME 2024: the DeepSeek-R1 / QwQ evaluation prompt, the last ``\\boxed{}`` answer, math-verify.
+
+Data: the Hub (``HuggingFaceH4/aime_2024``), ``$SNAPEVAL_DATA_DIR/aime24/test.jsonl``, or
+``task.metadata.data_path``. Option ``answer_from``: ``after_reasoning`` (the last box after
+``</think>``, snapeval's default) or ``response`` (anywhere, as Qwen2.5-Math's evaluation reads it).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,16 @@ from collections.abc import Sequence
 
 from math_verify import parse, verify
 
-from snapeval.benchmarks import answer_part
+from snapeval.tasks.base import Task, answer_part
+from snapeval.tasks.data import DataSource, load_rows
+
+AIME24 = DataSource(
+    name="AIME 2024",
+    hub_id="HuggingFaceH4/aime_2024",
+    hub_split="train",
+    local_path="aime24/test.jsonl",
+    required=("problem", "answer"),
+)
 
 PROMPT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -60,3 +74,24 @@ def pass_at_1(accs: Sequence[Sequence[float]]) -> float:
     if not accs or any(not samples for samples in accs):
         raise ValueError("pass@1 needs at least one problem and one sample per problem")
     return sum(sum(samples) / len(samples) for samples in accs) / len(accs)
+
+
+class Aime24(Task):
+    """AIME 2024, 30 problems; ``acc`` is 1 when the extracted answer equals the gold integer."""
+
+    names = ("aime24",)
+    metrics = ("acc",)
+    options = {"answer_from": ("after_reasoning", "response")}
+    id_field = "id"
+
+    def rows(self, tokenizer=None) -> list[dict]:
+        return load_rows(AIME24, self.metadata.get("data_path"))
+
+    def user_text(self, row) -> str:
+        return build_prompt(row["problem"])
+
+    def target(self, row) -> str:
+        return row["answer"]
+
+    def score_row(self, row, output: str) -> dict[str, float]:
+        return {"acc": float(score(output, str(row["answer"]), self.metadata["answer_from"])["acc"])}

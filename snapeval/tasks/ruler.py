@@ -20,12 +20,10 @@ prompt takes at most ``context_length`` tokens and falls short of it by a few to
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cache, lru_cache, partial
-from pydoc_data.topics import topics
+from functools import partial
 from random import Random
 from typing import Any, Literal
 
@@ -33,17 +31,11 @@ from transformers import PreTrainedTokenizerBase
 
 from snapeval.errors import SnapevalError
 from snapeval.models import encode_chat
+from snapeval.tasks.base import Task
+from snapeval.tasks.ruler_haystack import Haystack, HaystackSource, Needle, haystack, weave
 
 ScoreMode = Literal["all", "part"]
-HaystackSource = Literal["noise", "prose"]
 
-NOISE = (
-    "The grass is green.",
-    "The sky is blue.",
-    "The sun is yellow.",
-    "Here we go.",
-    "There and back again.",
-)
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 VT_HOPS = 4
 MULTI_NEEDLES = 4
@@ -80,18 +72,12 @@ class SyntheticSample:
 
 
 @dataclass(frozen=True)
-class _Needle:
-    text: str
-    depth: float
-
-
-@dataclass(frozen=True)
 class _Plan:
     """A sample before its haystack: the framing text, the needles to hide and the expected answer."""
 
     instruction: str
     question: str
-    needles: tuple[_Needle, ...]
+    needles: tuple[Needle, ...]
     targets: tuple[str, ...]
     query: str
 
@@ -108,39 +94,13 @@ class _Kind:
     score_mode: ScoreMode
 
 
-@dataclass(frozen=True)
-class _Haystack:
-    """Sentences to fill a context with, and the token count of each (with its leading space)."""
-
-    sentences: tuple[str, ...]
-    lengths: tuple[int, ...]
-
-    def fill(self, start: int, budget: int) -> list[str]:
-        """Sentences in order from ``start``, wrapping around, adding up to at most ``budget`` tokens.
-
-        A sentence that would overflow is passed over for a later, shorter one, so the total lands
-        within a short sentence of the budget.
-        """
-        taken: list[str] = []
-        index, misses = start, 0
-        while misses < len(self.sentences):
-            if self.lengths[index] <= budget:
-                taken.append(self.sentences[index])
-                budget -= self.lengths[index]
-                misses = 0
-            else:
-                misses += 1
-            index = (index + 1) % len(self.sentences)
-        return taken
-
-
 def _niah_plan(rng: Random, num_keys: int, num_values: int) -> _Plan:
     """RULER's needle in a haystack: ``num_keys`` keys, ``num_values`` 7-digit values each, one key asked."""
     keys = rng.sample(KEYS, num_keys)
     values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), num_keys * num_values)]
     values_by_key = {key: values[i * num_values : (i + 1) * num_values] for i, key in enumerate(keys)}
     needles = tuple(
-        _Needle(NEEDLE.format(key=key, value=value), rng.random())
+        Needle(NEEDLE.format(key=key, value=value), rng.random())
         for key, key_values in values_by_key.items()
         for value in key_values
     )
@@ -179,7 +139,7 @@ def _variable_tracking_plan(rng: Random, num_hops: int) -> _Plan:
     question = f"Question: Find all variables that are assigned the value {value} in the text above.\n"
     question += "Answer: According to the chain(s) of variable assignment in the text above, "
     question += f"{len(names)} variables are assigned the value {value}, they are:"
-    needles = tuple(_Needle(text, depth) for text, depth in zip(statements, depths, strict=True))
+    needles = tuple(Needle(text, depth) for text, depth in zip(statements, depths, strict=True))
     return _Plan(instruction, question, needles, tuple(names), value)
 
 
@@ -193,52 +153,9 @@ _KINDS: dict[str, _Kind] = {
 KINDS = tuple(_KINDS)
 SCORE_MODES: dict[str, ScoreMode] = {name: kind.score_mode for name, kind in _KINDS.items()}
 
-_PLAIN_SENTENCE = re.compile(r"[A-Z](?:[\w ,;:'\"()“”‘’—-]|\.(?=\w))*[\w)\"”’]\.")
-_BULLET = re.compile(r"^\s*(?:\*|\d+\.)\s+")
-_EMPHASIS = re.compile(r"\*(\S[^*]*?)\*")
-_FOOTNOTE = re.compile(r"\s*\[\d+\]")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
-_LONG_NUMBER = re.compile(r"\d{3}")
-
-
-def _is_plain_sentence(sentence: str) -> bool:
-    """Prose, not code or a heading, of reasonable length, and with no number a needle could be taken for."""
-    return (
-        20 <= len(sentence) <= 250
-        and _PLAIN_SENTENCE.fullmatch(sentence) is not None
-        and _LONG_NUMBER.search(sentence) is None
-    )
-
-
-@cache
-def prose_sentences() -> tuple[str, ...]:
-    """Distinct plain sentences of CPython's documentation topics, in topic order (about 37k tokens)."""
-    sentences: dict[str, None] = {}
-    for name in sorted(topics):
-        for paragraph in re.split(r"\n\s*\n", topics[name]):
-            text = " ".join(_FOOTNOTE.sub("", _EMPHASIS.sub(r"\1", _BULLET.sub("", paragraph))).split())
-            sentences.update(dict.fromkeys(s for s in _SENTENCE_END.split(text) if _is_plain_sentence(s)))
-    return tuple(sentences)
-
-
-@lru_cache(maxsize=8)
-def _haystack(tokenizer: PreTrainedTokenizerBase, source: HaystackSource) -> _Haystack:
-    sentences = NOISE if source == "noise" else prose_sentences()
-    ids = tokenizer([f" {s}" for s in sentences], add_special_tokens=False)["input_ids"]
-    return _Haystack(sentences, tuple(len(i) for i in ids))
-
-
-def _weave(sentences: Sequence[str], needles: Sequence[_Needle]) -> str:
-    """The haystack text with each needle between sentences at its depth; ties keep the needles' order."""
-    pieces = list(sentences)
-    slots = sorted(((round(n.depth * len(sentences)), i) for i, n in enumerate(needles)), reverse=True)
-    for position, i in slots:
-        pieces.insert(position, needles[i].text)
-    return " ".join(pieces)
-
 
 def _render(plan: _Plan, sentences: Sequence[str]) -> str:
-    return f"{plan.instruction}\n{_weave(sentences, plan.needles)}\n{plan.question}"
+    return f"{plan.instruction}\n{weave(sentences, plan.needles)}\n{plan.question}"
 
 
 def prompt_tokens(tokenizer: PreTrainedTokenizerBase, prompt: str) -> int:
@@ -254,7 +171,7 @@ def _check_kind(kind: str) -> None:
 
 
 def _fitted_prompt(
-    plan: _Plan, haystack: _Haystack, start: int, tokenizer: PreTrainedTokenizerBase, context_length: int
+    plan: _Plan, haystack: Haystack, start: int, tokenizer: PreTrainedTokenizerBase, context_length: int
 ) -> tuple[str, int]:
     """The prompt with as much haystack from ``start`` as fits ``context_length`` tokens, and its token count.
 
@@ -283,9 +200,9 @@ def _sample(
     spec = _KINDS[kind]
     rng = Random(f"{kind}/{seed}/{index}")
     plan = spec.plan(rng)
-    haystack = _haystack(tokenizer, spec.haystack)
-    start = rng.randrange(len(haystack.sentences))
-    prompt, tokens = _fitted_prompt(plan, haystack, start, tokenizer, context_length)
+    sentences = haystack(tokenizer, spec.haystack)
+    start = rng.randrange(len(sentences.sentences))
+    prompt, tokens = _fitted_prompt(plan, sentences, start, tokenizer, context_length)
     metadata = {
         "query": plan.query,
         "needles": [n.text for n in plan.needles],
@@ -344,3 +261,30 @@ def to_docs(samples: Sequence[SyntheticSample]) -> list[dict[str, Any]]:
         }
         for s in samples
     ]
+
+
+class Ruler(Task):
+    """The RULER-style tasks, one config per kind (``conf/task/ruler_<kind>.yaml``): ``kind``,
+    ``context_length`` (tokens of the chat-templated prompt), ``num_samples`` (raised to ``limit``)."""
+
+    names = tuple(f"ruler_{kind}" for kind in KINDS)
+    metrics = ("score",)
+    id_field = "id"
+    needs_tokenizer = True
+
+    def rows(self, tokenizer: PreTrainedTokenizerBase | None) -> list[dict[str, Any]]:
+        cfg = self.config
+        num_samples = max(cfg["num_samples"], cfg.get("limit") or 0)
+        return to_docs(generate(cfg["kind"], tokenizer, cfg["context_length"], num_samples, self.seed))
+
+    def user_text(self, row) -> str:
+        return row["prompt"]
+
+    def target(self, row) -> list[str]:
+        return list(row["targets"])
+
+    def prompt_metadata(self, row) -> dict[str, Any]:
+        return {"depth": row["depth"], "kind": row["kind"]}
+
+    def score_row(self, row, output: str) -> dict[str, float]:
+        return {"score": score(output, row["targets"], SCORE_MODES[row["kind"]])}

@@ -119,26 +119,3 @@ def _read_hub(source: DataSource) -> list[dict[str, Any]]:
             DATA_PATH_FIELD,
         ) from None
     return [dict(row) for row in dataset]
-
-
-AIME24 = DataSource(
-    name="AIME 2024",
-    hub_id="HuggingFaceH4/aime_2024",
-    hub_split="train",
-    local_path="aime24/test.jsonl",
-    required=("problem", "answer"),
-)
-LONGBENCH_V2 = DataSource(
-    name="LongBench-v2",
-    hub_id="THUDM/LongBench-v2",
-    hub_split="train",
-    local_path="longbench_v2/longbench_v2_short.jsonl",
-    required=("_id", "question", "choice_A", "choice_B", "choice_C", "choice_D", "answer", "context"),
-)
-LIVECODEBENCH = DataSource(
-    name="LiveCodeBench",
-    hub_id="livecodebench/code_generation_lite",
-    hub_split="test",
-    local_path="livecodebench/code_generation_lite_v5_public.jsonl",
-    required=("question_content", "platform", "question_id", "contest_date", "public_test_cases"),
-)

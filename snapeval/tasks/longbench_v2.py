@@ -1,4 +1,10 @@
-"""LongBench-v2: the official prompts (THUDM/LongBench ``prompts/``), answer regexes and metrics."""
+"""LongBench-v2: the official prompts (THUDM/LongBench ``prompts/``), answer regexes and metrics.
+
+Data: the Hub (``THUDM/LongBench-v2``), ``$SNAPEVAL_DATA_DIR/longbench_v2/longbench_v2_short.jsonl``, or
+``task.metadata.data_path``. Config ``cot``: the two-pass CoT protocol's first (reasoning) prompt; its
+answer call is ``task.answer_pass`` (:func:`build_cot_answer_prompt`). Option ``answer_from``:
+``response`` (the whole output, as pred.py) or ``after_reasoning`` (after ``</think>``).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,16 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from snapeval.benchmarks import answer_part
-from snapeval.prompting import truncate_middle  # noqa: F401  (part of this module's protocol)
+from snapeval.tasks.base import Task, answer_part
+from snapeval.tasks.data import DataSource, load_rows
+
+LONGBENCH_V2 = DataSource(
+    name="LongBench-v2",
+    hub_id="THUDM/LongBench-v2",
+    hub_split="train",
+    local_path="longbench_v2/longbench_v2_short.jsonl",
+    required=("_id", "question", "choice_A", "choice_B", "choice_C", "choice_D", "answer", "context"),
+)
 
 TEMPLATE_0SHOT = (
     "Please read the following text and answer the question below.\n\n"
@@ -91,3 +105,26 @@ def summarize(scored: Iterable[Mapping[str, Any]]) -> dict[str, float | None]:
     for key, groups in GROUPS.items():
         summary |= {group: mean([row for row in scored if row[key] == group]) for group in groups}
     return summary
+
+
+class LongBenchV2(Task):
+    """LongBench-v2 multiple choice; ``acc`` overall and per difficulty and length group."""
+
+    names = ("longbench_v2", "longbench_v2_cot")
+    metrics = ("acc", "acc_easy", "acc_hard", "acc_short", "acc_medium", "acc_long")
+    options = {"answer_from": ("response", "after_reasoning")}
+    id_field = "_id"
+
+    def rows(self, tokenizer=None) -> list[dict]:
+        return load_rows(LONGBENCH_V2, self.metadata.get("data_path"))
+
+    def user_text(self, row) -> str:
+        return build_prompt(row, cot=bool(self.config.get("cot")))
+
+    def target(self, row) -> str:
+        return row["answer"]
+
+    def score_row(self, row, output: str) -> dict[str, float]:
+        scored = score(output, row, self.metadata["answer_from"])
+        acc = float(scored["acc"])
+        return {"acc": acc, f"acc_{scored['difficulty']}": acc, f"acc_{scored['length']}": acc}

@@ -1,7 +1,7 @@
 """LiveCodeBench code generation: lcb_runner's prompts, code extraction and grading, sandboxed.
 
 Rows follow ``livecodebench/code_generation_lite``. A program is graded by
-:mod:`~snapeval.benchmarks.livecodebench_grader` in one sandboxed process (:mod:`snapeval.sandbox`)
+:mod:`~snapeval.tasks.livecodebench_grader` in one sandboxed process (:mod:`snapeval.sandbox`)
 that runs all its tests, each timed on its own (the call, not the interpreter start-up), under
 lcb_runner's limits: 6 s per test and ``(6 + 1) * tests + 5`` s for the program. The harness judges
 each outcome as lcb_runner's ``testing_util`` does: stdout compared line by line (whitespace stripped,
@@ -28,9 +28,19 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Literal
 
-from snapeval.benchmarks import after_reasoning
-from snapeval.benchmarks.livecodebench_grader import INT_MAX_STR_DIGITS
+from snapeval.errors import SnapevalError
 from snapeval.sandbox import DEFAULT_LIMITS, ExecutionResult, SandboxLimits, run_program
+from snapeval.tasks.base import Task, after_reasoning
+from snapeval.tasks.data import DataSource, load_rows, local_file
+from snapeval.tasks.livecodebench_grader import INT_MAX_STR_DIGITS
+
+LIVECODEBENCH = DataSource(
+    name="LiveCodeBench",
+    hub_id="livecodebench/code_generation_lite",
+    hub_split="test",
+    local_path="livecodebench/code_generation_lite_v5_public.jsonl",
+    required=("question_content", "platform", "question_id", "contest_date", "public_test_cases"),
+)
 
 SYSTEM_MESSAGE = (
     "You are an expert Python programmer. You will be given a question (problem specification) "
@@ -306,3 +316,43 @@ def _shorten(text: str, limit: int = 300, *, keep_end: bool = False) -> str:
     if len(text) <= limit:
         return text
     return "..." + text[-limit:] if keep_end else text[:limit] + "..."
+
+
+class LiveCodeBench(Task):
+    """LiveCodeBench code generation; ``pass@1`` overall and per platform (AtCoder, LeetCode).
+
+    Metadata: ``release`` (``release_v5``; the Hub files read), ``start_date``/``end_date`` (a
+    contest-date window), ``code_extraction`` (``official`` or ``lenient``, see :func:`extract_code`),
+    ``data_path`` (a local copy, taken whole).
+    """
+
+    names = ("livecodebench",)
+    metrics = ("pass@1", "pass@1_atcoder", "pass@1_leetcode")
+    options = {"code_extraction": EXTRACTIONS}
+    system_message = SYSTEM_MESSAGE
+    id_field = "question_id"
+
+    def rows(self, tokenizer=None) -> list[dict]:
+        release = self.metadata.get("release") or "release_v5"
+        try:
+            source = replace(LIVECODEBENCH, hub_data_files=release_files(release))
+        except ValueError as exc:
+            raise SnapevalError(str(exc), "task.metadata.release") from None
+        data_path = self.metadata.get("data_path")
+        rows = filter_by_date(
+            load_rows(source, data_path), self.metadata.get("start_date"), self.metadata.get("end_date")
+        )
+        path = local_file(source, data_path)
+        where = f"{path}, a local copy taken whole" if path else f"{source.hub_id} {release}"
+        print(f"LiveCodeBench: {len(rows)} problems loaded from {where}", file=sys.stderr)
+        return rows
+
+    def user_text(self, row) -> str:
+        return build_prompt(row)
+
+    def target(self, row) -> str:
+        return ""
+
+    def score_row(self, row, output: str) -> dict[str, float]:
+        passed = float(run_tests(extract_code(output, self.metadata["code_extraction"]), row).passed)
+        return {"pass@1": passed, f"pass@1_{row['platform']}": passed}

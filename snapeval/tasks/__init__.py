@@ -1,0 +1,54 @@
+"""The benchmarks: one module each, declaring its task once (see :mod:`snapeval.tasks.base`).
+
+=======================  =====================================  ======================================
+task config (``task=``)  module                                 what it is
+=======================  =====================================  ======================================
+``aime24``               :mod:`snapeval.tasks.aime24`           AIME 2024, boxed answer, math-verify
+``longbench_v2``,        :mod:`snapeval.tasks.longbench_v2`     LongBench-v2 multiple choice (0-shot,
+``longbench_v2_cot``                                            two-pass CoT)
+``livecodebench``        :mod:`snapeval.tasks.livecodebench`    LiveCodeBench code generation, sandboxed
+``ruler_<kind>``         :mod:`snapeval.tasks.ruler`            offline RULER-style needles in haystacks
+=======================  =====================================  ======================================
+
+A task config ``conf/task/<name>.yaml`` is served by the module of this package whose name is ``<name>``
+or its longest prefix before an underscore (``ruler_passkey`` -> ``ruler``), by the
+:class:`~snapeval.tasks.base.Task` subclass there that lists ``<name>`` in its ``names``. Adding a
+benchmark is one module and one config (then ``python -m snapeval.tasks.lm_eval_export`` writes its
+lm-eval definition). Only the module of the task built is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Mapping
+from typing import Any
+
+from snapeval.errors import SnapevalError
+from snapeval.paths import CONF_DIR
+from snapeval.tasks.base import AnswerPass, Prompt, Task
+
+__all__ = ["AnswerPass", "Prompt", "Task", "load_task", "task_class", "task_names"]
+
+
+def task_names() -> list[str]:
+    """Every task config: the names of ``conf/task/*.yaml``."""
+    return sorted(path.stem for path in (CONF_DIR / "task").glob("*.yaml"))
+
+
+def task_class(name: str) -> type[Task]:
+    """The :class:`Task` subclass that serves the task config ``name``."""
+    modules = [m.name for m in pkgutil.iter_modules(__path__) if f"{name}_".startswith(f"{m.name}_")]
+    if modules:
+        module = importlib.import_module(f"{__name__}.{max(modules, key=len)}")
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, Task) and name in getattr(value, "names", ()):
+                return value
+    raise SnapevalError(
+        f"no task module in snapeval/tasks serves {name!r}; tasks: {', '.join(task_names())}", "task.name"
+    )
+
+
+def load_task(cfg: Mapping[str, Any], seed: int) -> Task:
+    """The task of the ``task`` config group, built from its config."""
+    return task_class(cfg["name"])(cfg, seed)

@@ -1,0 +1,106 @@
+"""The task registry: every config served by one module, lm-eval definitions generated from both, a new
+benchmark added as one module, and results stored before the registry still resumed."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import snapeval.tasks
+from snapeval.config import compose_config
+from snapeval.errors import SnapevalError
+from snapeval.paths import LM_EVAL_TASKS_DIR
+from snapeval.tasks import load_task, task_class, task_names
+from snapeval.tasks.lm_eval_export import definition, stale
+
+TOY = '''
+from snapeval.tasks.base import Task
+
+
+class Reverse(Task):
+    """Answer with the word reversed."""
+
+    names = ("toy_reverse",)
+    metrics = ("exact",)
+    options = {"case": ("sensitive", "insensitive")}
+
+    def rows(self, tokenizer=None):
+        return [{"word": word} for word in ("snap", "stream", "cache")]
+
+    def user_text(self, row):
+        return f"Reverse the word {row['word']}."
+
+    def target(self, row):
+        return row["word"][::-1]
+
+    def score_row(self, row, output):
+        fold = str.lower if self.metadata["case"] == "insensitive" else str
+        return {"exact": float(fold(output.strip()) == fold(row["word"][::-1]))}
+'''
+
+
+def test_every_task_config_is_served_by_one_module() -> None:
+    names = task_names()
+    assert {"aime24", "livecodebench", "longbench_v2", "longbench_v2_cot", "ruler_passkey"} <= set(names)
+    for name in names:
+        cls = task_class(name)
+        assert name in cls.names and cls.__module__.startswith("snapeval.tasks.")
+        task = load_task(compose_config(f"task={name}")["task"], seed=0)
+        assert task.max_new_tokens == compose_config(f"task={name}")["task"]["max_new_tokens"]
+    with pytest.raises(SnapevalError, match="^task.name: no task module in snapeval/tasks serves 'nope'"):
+        task_class("nope")
+
+
+def test_lm_eval_definitions_are_generated_from_the_registry() -> None:
+    assert stale() == [], "run `python -m snapeval.tasks.lm_eval_export`"
+    livecodebench = definition("livecodebench")
+    assert "max_gen_toks: 512" in livecodebench  # conf/task/livecodebench.yaml, the one place
+    assert '{metric: "pass@1", aggregation: mean' in livecodebench
+    assert sorted(p.stem for p in LM_EVAL_TASKS_DIR.glob("*.yaml")) == [f"snapeval_{n}" for n in task_names()]
+
+
+def test_a_new_benchmark_is_one_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module dropped next to the others is found by its config name, options checked, scored."""
+    (tmp_path / "toy.py").write_text(TOY)
+    monkeypatch.setattr(snapeval.tasks, "__path__", [*snapeval.tasks.__path__, str(tmp_path)])
+    monkeypatch.syspath_prepend(str(tmp_path.parent))
+    sys.modules.pop("snapeval.tasks.toy", None)
+    try:
+        config = {"name": "toy_reverse", "max_new_tokens": 8, "metadata": {"case": "insensitive"}}
+        task = load_task(config, seed=0)
+        prompts = task.prompts(tokenizer=None)
+        assert [p.messages for p in prompts][0] == [{"role": "user", "content": "Reverse the word snap."}]
+        assert [p.target for p in prompts] == ["pans", "maerts", "ehcac"]
+        assert task.score(prompts[0], " PANS\n") == {"score": 1.0, "exact": 1.0}
+        with pytest.raises(SnapevalError, match="^task.metadata.case: unknown value 'loose'"):
+            load_task({**config, "metadata": {"case": "loose"}}, seed=0)
+    finally:
+        sys.modules.pop("snapeval.tasks.toy", None)
+
+
+BEFORE = Path(__file__).parent / "data" / "before_task_registry.sqlite"
+
+
+def test_runs_stored_before_the_registry_resume_after_migrate(smollm, tmp_path: Path) -> None:
+    """A database written by snapeval before the task registry (ruler_passkey, 3 samples; its configs
+    hold the retired ``task.family``): ``python -m snapeval.results migrate`` re-keys it, then the same
+    run computes nothing and reads the stored outputs."""
+    from snapeval import runner
+    from snapeval.results import load
+    from snapeval.results.__main__ import main as results_cli
+
+    db = tmp_path / "db.sqlite"
+    shutil.copy(BEFORE, db)
+    before = load(db)
+    assert before["task.family"].eq("synthetic").all()
+    assert results_cli(["migrate", "--db", str(db)]) == 0
+    assert results_cli(["migrate", "--db", str(db)]) == 0  # idempotent
+    overrides = ("task.limit=3", "task.context_length=256", "task.max_new_tokens=8", "progress=false")
+    [summary] = runner.run(compose_config(*overrides, f"db.url={db}"))
+    assert (summary.n, summary.computed) == (3, 0)
+    after = load(db)
+    assert "task.family" not in after.columns
+    assert list(after["output"]) == list(before["output"]) and list(after["score"]) == list(before["score"])
