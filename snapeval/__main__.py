@@ -1,4 +1,8 @@
-"""``python -m snapeval [overrides]``: the Hydra front door. Thin: resolve the config, call the runner."""
+"""``python -m snapeval [overrides]``: the Hydra front door. Thin: check the config, call the runner.
+
+A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``) is refused in one line
+with exit code 2 before torch and transformers load (:mod:`snapeval.schema`).
+"""
 
 from __future__ import annotations
 
@@ -9,35 +13,52 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from snapeval import schema
+from snapeval.config import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
-from snapeval.runner import format_summary, run
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
     config = OmegaConf.to_container(cfg, resolve=True)
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
+        if not multirun:  # a sweep's runner records a bad point as failed and goes on
+            schema.check(config)
         if config["job"] == "memory":
             from snapeval.memory.point import run_memory_point
 
             print(run_memory_point(config))
             return
-        if config["job"] != "evaluate":
-            raise SnapevalError(f"unknown job {config['job']!r}; choose one of evaluate, memory", "job")
+        from snapeval.runner import format_summary, run
+
         summaries = run(config)
     except SnapevalError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            return  # the point is recorded as failed; the sweep goes on
+        if multirun:
+            return
         sys.exit(2)
     except Exception as exc:
-        if HydraConfig.get().mode != RunMode.MULTIRUN:
+        if not multirun:
             raise
         print(f"error: this point failed ({type(exc).__name__}: {exc}); the sweep goes on", file=sys.stderr)
         return
     print(format_summary(summaries))
 
 
+def check_before_hydra(overrides: list[str]) -> None:
+    """Compose and check a single run's config before Hydra starts it (and makes its output folder); a
+    sweep (``-m``) or Hydra flags go straight to Hydra, whose runner records each bad point as failed."""
+    schema.check_choices(overrides)
+    if not any(o.startswith(("-", "hydra")) for o in overrides):
+        schema.check(compose_config(*overrides))
+
+
 if __name__ == "__main__":
+    try:
+        check_before_hydra(sys.argv[1:])
+    except SnapevalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from hydra import compose, initialize_config_dir
@@ -20,5 +21,9 @@ def compose_config(*overrides: str) -> dict[str, Any]:
             config = compose("config", overrides=list(overrides))
             return OmegaConf.to_container(config, resolve=True)
     except (HydraException, OmegaConfBaseException) as exc:
+        if unknown := re.search(r"Could not override '([\w.]+)'", str(exc)):
+            key = unknown[1]
+            message = f"no such key (check its spelling; +{key}=... adds a new one)"
+            raise SnapevalError(message, key) from None
         reason = str(exc).splitlines()[0]  # Hydra goes on with search paths and grammar links
-        raise SnapevalError(f"cannot compose {' '.join(overrides) or 'the defaults'}: {reason}") from exc
+        raise SnapevalError(f"cannot compose {' '.join(overrides) or 'the defaults'}: {reason}") from None

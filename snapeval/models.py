@@ -65,6 +65,16 @@ def model_spec(name_or_id: str) -> ModelSpec:
     return ModelSpec(name=name_or_id, pretrained=name_or_id)
 
 
+def check_device(device: str) -> None:
+    """Refuse a device this machine does not have."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SnapevalError("CUDA is not available on this machine; use auto or cpu", "model.device")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise SnapevalError(f"this machine has {torch.cuda.device_count()} CUDA device(s)", "model.device")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise SnapevalError("MPS is not available on this machine; use auto or cpu", "model.device")
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -19,11 +19,12 @@ from typing import Any
 from tabulate import tabulate
 from tqdm import tqdm
 
+from snapeval import schema
 from snapeval.cache import build_cache, install
 from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
 from snapeval.errors import SnapevalError
 from snapeval.grid import check_grid, grid_points, shares_prefill
-from snapeval.models import ModelSpec, load_model, load_tokenizer
+from snapeval.models import ModelSpec, check_device, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window, truncate_content
 from snapeval.records import answer_text, sample_row
 from snapeval.results import ResultsDB, config_hash
@@ -56,24 +57,10 @@ class RunSummary:
 
 
 def check_config(cfg: Mapping[str, Any]) -> None:
-    """Reject impossible values before any model work, one field at a time."""
+    """Reject impossible values before any model work, one field at a time: the schema's checks
+    (:mod:`snapeval.schema`), then those that need the engine."""
+    schema.check(cfg)
     task = cfg["task"]
-    limit = task.get("limit")
-    if limit is not None and (not isinstance(limit, int) or limit <= 0):
-        raise SnapevalError(f"must be a positive integer or null, got {limit}", "task.limit")
-    for key in ("context_length", "num_samples", "max_new_tokens", "max_prompt_tokens"):
-        value = task.get(key)
-        if value is not None and (not isinstance(value, int) or value <= 0):
-            raise SnapevalError(f"must be a positive integer, got {value}", f"task.{key}")
-    for key in ("num_samples", "batch_size"):
-        value = cfg["generation"][key]
-        if not isinstance(value, int) or value <= 0:
-            raise SnapevalError(f"must be a positive integer, got {value}", f"generation.{key}")
-    max_new = cfg["generation"].get("max_new_tokens")
-    if max_new is not None and (not isinstance(max_new, int) or max_new <= 0):
-        raise SnapevalError(f"must be a positive integer or null, got {max_new}", "generation.max_new_tokens")
-    if cfg["generation"]["do_sample"] and cfg["generation"]["temperature"] <= 0:
-        raise SnapevalError("must be > 0 when sampling", "generation.temperature")
     protocol = cfg.get("protocol")
     if protocol and protocol["task"] != task["name"]:
         raise SnapevalError(
@@ -81,6 +68,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
             "protocol",
         )
     check_compile(cfg["generation"]["compile"])
+    check_device(cfg["model"].get("device", "auto"))
     AnswerPass.from_config(task.get("answer_pass"))
     check_grid(cfg)
 

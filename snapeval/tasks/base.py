@@ -9,12 +9,12 @@ generated from both (:mod:`snapeval.tasks.lm_eval_export`). Tasks know nothing o
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from hydra.utils import get_method
 from transformers import PreTrainedTokenizerBase
 
 from snapeval.errors import SnapevalError
@@ -67,11 +67,14 @@ class AnswerPass:
         """From ``task.answer_pass`` (``prompt``: a dotted function path, ``max_new_tokens``), or None."""
         if not cfg:
             return None
+        module, _, name = str(cfg["prompt"]).rpartition(".")
         try:
-            build_prompt = get_method(cfg["prompt"])
-        except Exception as exc:  # Hydra wraps import and attribute errors alike
-            message = f"cannot import {cfg['prompt']!r}: {exc}"
+            build_prompt = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as exc:
+            message = f"cannot import {cfg['prompt']!r} ({type(exc).__name__}: {exc})"
             raise SnapevalError(message, "task.answer_pass.prompt") from None
+        if not callable(build_prompt):
+            raise SnapevalError(f"{cfg['prompt']!r} is not a function", "task.answer_pass.prompt")
         max_new_tokens = cfg.get("max_new_tokens")
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise SnapevalError(

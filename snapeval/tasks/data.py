@@ -39,6 +39,8 @@ def load_rows(source: DataSource, data_path: str | None = None) -> list[dict[str
     path = local_file(source, data_path)
     rows = _read_file(path) if path else _read_hub(source)
     where = str(path) if path else source.hub_id
+    if not rows:
+        raise SnapevalError(f"{where} holds no rows", DATA_PATH_FIELD)
     for index, row in enumerate(rows, start=1):
         missing = [field for field in source.required if field not in row]
         if missing:

@@ -1,0 +1,179 @@
+"""The config schema, checked in about a second, before torch, transformers or lm-eval load.
+
+Every field a config may hold has a type and range here (:data:`FIELDS`), and every key must be one that
+the chosen config files define: a misspelt override (``+cache.budgt=5``) is refused, never dropped. A
+bad value gets one line naming the field and what it takes (:class:`~snapeval.errors.SnapevalError`).
+The checks that need the engine (a cache's parameters together, a grid, the compile choice) are the
+runner's (:func:`snapeval.runner.check_config`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from snapeval.errors import SnapevalError
+from snapeval.paths import CONF_DIR
+
+GROUPS = ("task", "cache", "model", "memory", "hardware", "protocol", "exp")
+"""Config groups a command line can choose from (``task=NAME``, ``+exp=NAME``)."""
+
+Check = Callable[[Any], str | None]  # None when the value is fine, else what the field takes
+
+
+def integer(low: int = 1, optional: bool = False) -> Check:
+    def check(value: Any) -> str | None:
+        if value is None and optional:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= low:
+            return None
+        return f"an integer >= {low}" + (" or null" if optional else "")
+
+    return check
+
+
+def number(low: float, high: float, low_open: bool = False) -> Check:
+    def check(value: Any) -> str | None:
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if numeric and (low < value if low_open else low <= value) and value <= high:
+            return None
+        return f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
+
+    return check
+
+
+def choice(*choices: Any) -> Check:
+    return lambda value: None if value in choices else "one of " + ", ".join(map(str, choices))
+
+
+def iso_date(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        datetime.fromisoformat(str(value))
+    except ValueError:
+        return "an ISO date (2024-08-01) or null"
+    return None
+
+
+def device(value: Any) -> str | None:
+    ok = isinstance(value, str) and re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value)
+    return None if ok else "auto, cpu, mps, cuda or cuda:N"
+
+
+boolean = choice(True, False)
+text: Check = lambda value: None if isinstance(value, str) else "a string"  # noqa: E731
+
+FIELDS: dict[str, Check] = {
+    "seed": integer(low=0),
+    "progress": boolean,
+    "job": choice("evaluate", "memory"),
+    "generation.max_new_tokens": integer(optional=True),
+    "generation.do_sample": boolean,
+    "generation.temperature": number(0, 100, low_open=True),
+    "generation.top_p": number(0, 1, low_open=True),
+    "generation.num_samples": integer(),
+    "generation.batch_size": integer(),
+    "generation.compile": choice("auto", "on", "off"),
+    "task.name": text,
+    "task.limit": integer(optional=True),
+    "task.max_new_tokens": integer(),
+    "task.max_prompt_tokens": integer(optional=True),
+    "task.context_length": integer(low=16),
+    "task.num_samples": integer(),
+    "task.truncation": choice("error", "middle"),
+    "task.compression": choice("query_aware", "query_agnostic"),
+    "task.cot": boolean,
+    "task.metadata.start_date": iso_date,
+    "task.metadata.end_date": iso_date,
+    "model.max_context": integer(low=16),
+    "model.dtype": choice("auto", "float32", "bfloat16", "float16"),
+    "model.device": device,
+    "db.url": text,
+}
+
+
+def check(config: Mapping[str, Any]) -> None:
+    """Refuse unknown keys and ill-typed or out-of-range values of a composed config, one field at a time."""
+    _check_keys(config)
+    for path, field_check in FIELDS.items():
+        found, value = _lookup(config, path)
+        if found and (takes := field_check(value)) is not None:
+            raise SnapevalError(f"must be {takes}, got {value!r}", path)
+    task, model = config.get("task", {}), config.get("model", {})
+    if str(model.get("device", "")).startswith("cuda") and no_gpu_here():
+        raise SnapevalError("CUDA is not available on this machine; use auto or cpu", "model.device")
+    if isinstance(task.get("context_length"), int) and task["context_length"] > model.get("max_context", 0):
+        raise SnapevalError(
+            f"{task['context_length']} tokens do not fit the model's window of {model['max_context']} "
+            "(model.max_context)",
+            "task.context_length",
+        )
+
+
+def no_gpu_here() -> bool:
+    """True when this machine certainly has no GPU that torch could use (no NVIDIA, ROCm or WSL GPU
+    device node), told without importing torch; False means torch has to be asked."""
+    nodes = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
+    return not any(next(Path("/").glob(node.lstrip("/")), None) for node in nodes)
+
+
+def check_choices(overrides: list[str]) -> None:
+    """Refuse a command-line choice of a config group option that does not exist (``task=nope``)."""
+    for override in overrides:
+        match = re.fullmatch(r"\+{0,2}(\w+)=(.*)", override)
+        if not match or match[1] not in GROUPS:
+            continue
+        group, options = match[1], available(match[1])
+        for option in match[2].split(","):
+            if option not in options:
+                raise SnapevalError(f"unknown option {option!r}; choose one of {', '.join(options)}", group)
+
+
+def available(group: str) -> list[str]:
+    """The options of a config group: the names of ``conf/<group>/*.yaml``."""
+    return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _check_keys(config: Mapping[str, Any]) -> None:
+    known_top = set(_defined(CONF_DIR / "config.yaml")) | {"protocol", "hydra", "exp"}
+    for key in config:
+        if key not in known_top:
+            raise SnapevalError(f"unknown key; the config has {', '.join(sorted(known_top))}", key)
+    sections = {"task": ("task", "name"), "cache": ("cache", "method"), "model": ("model", "name")}
+    for section, (group, name_key) in sections.items():
+        value = config.get(section)
+        source = CONF_DIR / group / f"{value.get(name_key)}.yaml" if isinstance(value, Mapping) else None
+        if source is None or not source.is_file():
+            continue  # a model given by Hub id, say: its keys are the ModelSpec's, checked on load
+        defined = _defined(source)
+        for key in value:
+            if key not in defined:
+                keys = ", ".join(sorted(defined))
+                raise SnapevalError(f"unknown key; {group} {value[name_key]} has {keys}", f"{section}.{key}")
+
+
+def _defined(path: Path) -> dict[str, Any]:
+    """The keys a config file defines, with those of the files its ``defaults`` list extends."""
+    content = yaml.safe_load(path.read_text()) or {}
+    merged: dict[str, Any] = {}
+    for entry in content.pop("defaults", []):
+        if isinstance(entry, str) and entry != "_self_":
+            merged |= _defined(path.parent / f"{entry}.yaml")
+        elif isinstance(entry, Mapping):  # a group chosen by default: a section of the config
+            merged |= {group: None for group in entry}
+    return merged | content
+
+
+def _lookup(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:
+    value: Any = config
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
