@@ -10,6 +10,8 @@ Selection overhead is the median over rounds of (prefill with the method - prefi
 / prefill with the full cache, on the same prompt in the same round. Decode tok/s times exactly
 ``--decode-tokens`` single-token forward steps after the prefill (EOS ignored). The full cache always
 runs: it is the reference.
+
+Longer than 350 lines: one benchmark script, its measurements and their table.
 """
 
 from __future__ import annotations

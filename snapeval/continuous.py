@@ -18,6 +18,8 @@ Every answer equals the one-by-one :func:`snapeval.generation.generate` (the sam
 draw their ``k``-th token from their own seed and counter ``k``, whatever row or batch they run in).
 Seconds are honest per answer: its prefill (shared prefills split among their draws) and, per step,
 the step's wall time divided among the rows that were decoding.
+
+Longer than 350 lines: the batcher and the compiled decode step it drives are one mechanism.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ there as PDF and PNG, and returns the paths; it raises :class:`NothingToDraw` wh
 data for it. A panel is one experiment: one setting of everything outside the cache (model, task and its
 parameters, generation, seed). Accuracies come with 95% intervals from :func:`snapeval.stats.mean_ci`
 (Wilson for 0/1 scores).
+
+Longer than 350 lines: every figure is a short function over one shared loading, panel and styling
+code; split it when a figure grows.
 """
 
 from __future__ import annotations

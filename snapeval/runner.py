@@ -27,9 +27,8 @@ from snapeval.grid import check_grid, grid_points, shares_prefill
 from snapeval.models import ModelSpec, check_device, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window, truncate_content
 from snapeval.records import answer_text, sample_row
-from snapeval.results import ResultsDB, config_hash
+from snapeval.results import ResultsDB, config_hash, summary_of
 from snapeval.sampling import Sampling
-from snapeval.stats import mean_ci, pass_at
 from snapeval.tasks import AnswerPass, Prompt, Task, load_task
 
 #: Config keys that say how or where to run, not what: never stored, never hashed.
@@ -287,21 +286,20 @@ def _stop_ids(*ids: int | list[int] | None) -> set[int]:
 def _summarize(point: _Point, rows: list[dict[str, Any]]) -> RunSummary:
     if not rows:
         raise SnapevalError("no samples were evaluated", "task.limit")
-    accuracy, low, high = mean_ci([row["score"] for row in rows])
-    decode_s = sum(row["decode_s"] for row in rows)
+    summary = summary_of(rows)
     return RunSummary(
         run_id=point.run_id,
         config_hash=point.digest,
         config=point.config,
-        n=len(rows),
-        accuracy=accuracy,
-        ci_low=low,
-        ci_high=high,
-        kv_mib=sum(row["kv_bytes"] for row in rows) / len(rows) / 2**20,
-        prefill_s=sum(row["prefill_s"] for row in rows) / len(rows),
-        decode_tok_s=sum(row["generated_tokens"] for row in rows) / decode_s if decode_s else float("nan"),
+        n=summary["n"],
+        accuracy=summary["accuracy"],
+        ci_low=summary["ci_low"],
+        ci_high=summary["ci_high"],
+        kv_mib=summary["kv_mib"],
+        prefill_s=summary["prefill_s"],
+        decode_tok_s=summary["decode_tok_s"],
         computed=len(point.todo),
-        pass_at=pass_at([row["sample_id"] for row in rows], [row["score"] for row in rows]),
+        pass_at={key: value for key, value in summary.items() if key.startswith("pass@")},
     )
 
 

@@ -17,6 +17,8 @@ The limits and namespaces are applied by a small bootstrap (:data:`_BOOTSTRAP`) 
 ``unshare`` and the program's interpreter; it reports setup failures through a close-on-exec pipe,
 so that a broken sandbox raises :class:`~snapeval.errors.SnapevalError` instead of being scored
 as a failing program, and no program can fake such a failure.
+
+Longer than 350 lines: one security boundary, kept in one file to be read and reviewed whole.
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from tabulate import tabulate
 
-from snapeval.results import ResultsDB, trace_summary
-from snapeval.stats import mean_ci
+from snapeval.results import ResultsDB, summary_of
 
 
 class SweepSummary(Callback):
@@ -83,18 +82,17 @@ def sweep_table(db: ResultsDB, since: datetime) -> pd.DataFrame:
     for run in latest.values():
         cache = run["config"]["cache"]
         samples = db.samples_for(run["config_hash"])
-        scores = [s["score"] for s in samples]
-        accuracy, low, high = mean_ci(scores) if scores else (float("nan"),) * 3
+        summary = summary_of(samples)
         rows.append(
             {
                 "task": run["config"]["task"]["name"],
                 "cache": ", ".join(f"{k}={v}" for k, v in cache.items() if v is not None),
-                "accuracy": accuracy,
-                "95% CI": f"[{low:.3f}, {high:.3f}]",
-                "n": len(scores),
-                "KV MiB": sum(s["kv_bytes"] for s in samples) / max(len(samples), 1) / 2**20,
+                "accuracy": summary["accuracy"],
+                "95% CI": f"[{summary['ci_low']:.3f}, {summary['ci_high']:.3f}]",
+                "n": summary["n"],
+                "KV MiB": summary["kv_mib"],
                 "s/sample": sum(s["prefill_s"] + s["decode_s"] for s in samples) / max(len(samples), 1),
-                **_traces(samples),
+                **_traces(summary),
                 "status": run["status"],
                 "error": (run["error"] or "")[:80],
             }
@@ -102,9 +100,8 @@ def sweep_table(db: ResultsDB, since: datetime) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _traces(samples: list[dict]) -> dict[str, str]:
+def _traces(summary: dict[str, float]) -> dict[str, str]:
     """Trace length and truncation rate of a point's samples, formatted ('-' without traces)."""
-    summary = trace_summary(sample["extra"] for sample in samples)
     if summary["trace_tokens"] != summary["trace_tokens"]:  # NaN: no sample recorded its trace
         return {"trace tok": "-", "truncated": "-"}
     return {"trace tok": f"{summary['trace_tokens']:.0f}", "truncated": f"{summary['truncated']:.0%}"}

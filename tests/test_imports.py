@@ -64,3 +64,12 @@ def test_the_engine_imports_nothing_of_snapeval_but_itself_and_errors() -> None:
         for name, imports in engine.items()
     }
     assert not any(outside.values()), outside
+
+
+def test_long_modules_say_why() -> None:
+    """A module over 350 lines states its reason in its docstring (``Longer than 350 lines: ...``)."""
+    for root in (PACKAGE, PACKAGE.parent / "benchmarks"):
+        for path in root.rglob("*.py"):
+            text = path.read_text(encoding="utf-8")
+            if text.count("\n") > 350:
+                assert "Longer than 350 lines:" in (ast.get_docstring(ast.parse(text)) or ""), path

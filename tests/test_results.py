@@ -219,13 +219,12 @@ def test_cli_summary_and_export(tmp_path, config):
         "window": "32",
         "kernel": "7",
         "pooling": "max",
-        "accuracy": "0.75",
-        "ci_low": "0.3006",
-        "ci_high": "0.9544",
+        "accuracy": "0.750",
+        "95% CI": "[0.301, 0.954]",  # the run table's names and formats
         "n": "4",
-        "kv_mib": "nan",
-        "prefill_s": "nan",
-        "decode_tok_s": "0",
+        "KV MiB": "-",  # not recorded
+        "prefill s": "-",
+        "decode tok/s": "0",
     }
 
     export = cli("export", "--csv", "out/samples.csv", "--db", str(tmp_path / DEFAULT_DB), cwd=tmp_path)

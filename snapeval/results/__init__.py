@@ -23,7 +23,14 @@ from snapeval.results.store import (
     load_memory,
     sqlite_path,
 )
-from snapeval.results.summary import config_columns, experiment_keys, hashable, summarize, trace_summary
+from snapeval.results.summary import (
+    config_columns,
+    experiment_keys,
+    hashable,
+    summarize,
+    summary_of,
+    trace_summary,
+)
 
 __all__ = [
     "ALIASES",
@@ -43,5 +50,6 @@ __all__ = [
     "load_memory",
     "sqlite_path",
     "summarize",
+    "summary_of",
     "trace_summary",
 ]

@@ -43,10 +43,35 @@ def _print_summary(df: pd.DataFrame) -> None:
     if df.empty:
         print("no samples stored yet")
         return
-    table = summarize(df)
+    print(
+        tabulate(
+            display_table(summarize(df)),
+            headers="keys",
+            tablefmt="github",
+            showindex=False,
+            disable_numparse=True,
+        )
+    )
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The summary under the run table's column names (``95% CI``, ``KV MiB``, ...); a setting a method
+    does not have (the full cache's budget) shows as ``-``; trace columns only where traces exist."""
     untraced = [column for column in ("trace_tokens", "truncated") if table[column].isna().all()]
     table = table.drop(columns=untraced)  # runs stored before traces were recorded
-    print(tabulate(table, headers="keys", tablefmt="github", showindex=False, floatfmt=".4g"))
+    shown = table.drop(columns=["ci_low", "ci_high"]).astype(object).where(table.notna(), "-")
+    shown["accuracy"] = table["accuracy"].map("{:.3f}".format)
+    shown.insert(
+        list(shown.columns).index("accuracy") + 1,
+        "95% CI",
+        [f"[{low:.3f}, {high:.3f}]" for low, high in zip(table["ci_low"], table["ci_high"], strict=True)],
+    )
+    names = {"kv_mib": "KV MiB", "prefill_s": "prefill s", "decode_tok_s": "decode tok/s"}
+    names |= {"trace_tokens": "trace tok"}
+    for column in ("kv_mib", "prefill_s", "decode_tok_s", "trace_tokens", "truncated"):
+        if column in table:
+            shown[column] = table[column].map(lambda v: "-" if pd.isna(v) else f"{v:.3g}")
+    return shown.rename(columns=names)
 
 
 def _export(df: pd.DataFrame, path: Path) -> None:

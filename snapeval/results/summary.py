@@ -4,7 +4,7 @@ experiment, and the config columns that tell experiments apart."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -45,34 +45,46 @@ def hashable(value: object) -> object:
 
 
 def summarize(df: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.DataFrame:
-    """Accuracy with its confidence interval, KV size and speed per group of ``keys`` (by default
-    :func:`experiment_keys`: one row per experiment, the config columns that set it apart shown).
-
-    ``decode_tok_s`` is the total of generated tokens over the total decode time; ``trace_tokens`` and
-    ``truncated`` describe the (first-call) traces, see :func:`trace_summary`.
-    """
+    """:func:`summary_of` per group of ``keys`` (by default :func:`experiment_keys`: one row per
+    experiment, the config columns that set it apart shown)."""
     keys = list(keys) if keys is not None else experiment_keys(df)
     df = df.assign(**{key: df[key].map(hashable) for key in keys})
     groups = df.groupby(keys, dropna=False, sort=True) if keys else [((), df)]
-    rows = []
-    for key, group in groups:
-        accuracy, ci_low, ci_high = mean_ci(group["score"].dropna())
-        decode_s = group["decode_s"].sum()
-        rows.append(
-            {
-                **dict(zip(keys, key, strict=True)),
-                "accuracy": accuracy,
-                "ci_low": ci_low,
-                "ci_high": ci_high,
-                "n": int(group["score"].notna().sum()),
-                "kv_mib": group["kv_bytes"].mean() / 2**20,
-                "prefill_s": group["prefill_s"].mean(),
-                "decode_tok_s": group["generated_tokens"].sum() / decode_s if decode_s > 0 else float("nan"),
-                **trace_summary(group.get("extra", [])),
-                **(pass_at(group["sample_id"], group["score"]) if "sample_id" in group else {}),
-            }
-        )
+    rows = [
+        {**dict(zip(keys, key, strict=True)), **summary_of(group.to_dict("records"))} for key, group in groups
+    ]
     return pd.DataFrame(rows)
+
+
+def summary_of(samples: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The one summary of stored samples that every table shows (the run's, the sweep's, the CLI's):
+    accuracy with its 95% interval (:func:`snapeval.stats.mean_ci`), n, mean KV MiB and prefill
+    seconds, decode tokens/s (generated tokens over decode time), the traces' length and truncation
+    (:func:`trace_summary`), and pass@k where the draws allow (:func:`snapeval.stats.pass_at`)."""
+    scored = [s for s in samples if _present(s.get("score"))]
+    accuracy, ci_low, ci_high = mean_ci(s["score"] for s in scored)
+    decode_s = sum(s["decode_s"] for s in samples if _present(s.get("decode_s")))
+    generated = sum(s["generated_tokens"] for s in samples if _present(s.get("generated_tokens")))
+    return {
+        "accuracy": accuracy,
+        "ci_low": ci_low,
+        "ci_high": ci_high,
+        "n": len(scored),
+        "kv_mib": _mean(s.get("kv_bytes") for s in samples) / 2**20,
+        "prefill_s": _mean(s.get("prefill_s") for s in samples),
+        "decode_tok_s": generated / decode_s if decode_s > 0 else float("nan"),
+        **trace_summary(s.get("extra") for s in samples),
+        **pass_at([str(s.get("sample_id")) for s in scored], [s["score"] for s in scored]),
+    }
+
+
+def _present(value: Any) -> bool:
+    return value is not None and value == value  # NaN != NaN
+
+
+def _mean(values: Iterable[Any]) -> float:
+    kept = [value for value in values if _present(value)]
+    return sum(kept) / len(kept) if kept else float("nan")
 
 
 def trace_summary(extras: Iterable[Any]) -> dict[str, float]:

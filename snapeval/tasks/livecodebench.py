@@ -10,6 +10,9 @@ fails at its first failing test. Unlike lcb_runner, results are compared outside
 JSON, so that neither the expected outputs nor an object's own ``__eq__`` take part in the program's run.
 As in lcb_runner, a program shares its process with the grading loop, so it could tamper with its own
 per-test timing; the sandbox's budget for the whole run holds regardless.
+
+Longer than 350 lines: one benchmark (prompts, extraction, data, judging); its in-sandbox
+grader is :mod:`snapeval.tasks.livecodebench_grader`.
 """
 
 from __future__ import annotations
