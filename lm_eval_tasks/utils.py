@@ -22,8 +22,9 @@ CONFIG_FIELD = "snapeval_task_config"
 def load(task: str, pretrained: str = "smollm2-135m", seed: int = 0, **metadata) -> datasets.DatasetDict:
     config = compose_config(f"task={task}")["task"]
     for key, value in metadata.items():
-        if key in config and key != "metadata":
-            config[key] = type(config[key])(value) if isinstance(config[key], int) else value
+        if key in config and key != "metadata":  # lm-eval may pass numbers as strings
+            numeric = isinstance(config[key], int) and not isinstance(config[key], bool)
+            config[key] = int(value) if numeric else value
         else:
             config.setdefault("metadata", {})[key] = value
     config_json = json.dumps({"config": config, "seed": int(seed)}, sort_keys=True)
