@@ -18,6 +18,7 @@ soon as its answer ends, and identical requests (lm-eval's ``repeats``) share on
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
+from transformers import PreTrainedModel
 
 from snapeval.cache import build_cache, install
 from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
@@ -85,10 +87,19 @@ class SnapStreamLM(LM):
         overrides = {"device": device, "dtype": dtype}
         spec = type(spec)(**{**spec.__dict__, **{k: v for k, v in overrides.items() if v}})
         self.tokenizer = load_tokenizer(spec)
-        self.model = install(load_model(spec))
+        self.spec, self.compile = spec, compile
         self.max_length = int(max_length or spec.max_context)
         self.compression, self.query_start = compression, query_start
-        self.batcher = ContinuousBatcher(self.model, self.batch_size, compile)
+
+    @functools.cached_property
+    def model(self) -> PreTrainedModel:
+        """The weights, loaded at the first request: lm-eval builds the model before it reads the
+        tasks' data, so a missing data file is reported before minutes of loading, not after."""
+        return install(load_model(self.spec))
+
+    @functools.cached_property
+    def batcher(self) -> ContinuousBatcher:
+        return ContinuousBatcher(self.model, self.batch_size, self.compile)
 
     # --- lm-eval's chat-template hooks ------------------------------------------------------------
     @property

@@ -100,6 +100,14 @@ def test_batch_size_batches_different_requests_with_the_same_answers(full):
     assert "Paris" in answers[2] and "7" not in answers[0]
 
 
+def test_the_weights_load_at_the_first_request_not_before(smollm):
+    """lm-eval builds the model before it reads the tasks' data: a data error comes first."""
+    lm = SnapStreamLM(pretrained="smollm2-135m", method="full")
+    assert "model" not in vars(lm) and "batcher" not in vars(lm)
+    assert loglikelihood(lm)[0] < 0
+    assert "model" in vars(lm)
+
+
 def test_batch_size_auto_falls_back_to_eight_and_nonsense_is_refused():
     assert SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size="auto:4").batch_size == 8
     with pytest.raises(SnapevalError, match="batch_size"):
