@@ -23,9 +23,7 @@ from snapeval.paths import CONF_DIR
 def main(cfg: DictConfig) -> None:
     config = OmegaConf.to_container(cfg, resolve=True)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    try:
-        if not multirun:  # a sweep's runner records a bad point as failed and goes on
-            schema.check(config)
+    try:  # the schema was checked before Hydra started (check_before_hydra), and the runner checks again
         if config["job"] == "memory":
             from snapeval.memory.point import run_memory_point
 
