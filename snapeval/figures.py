@@ -58,20 +58,9 @@ PAPER_RC: dict[str, object] = {
     "ps.fonttype": 42,
 }
 
-METHOD_LABELS = {
-    "full": "Full cache",
-    "snapstream": "SnapStream",
-    "snapkv": "SnapKV",
-    "streaming_llm": "StreamingLLM",
-}
-#: Okabe-Ito colours, distinguishable with colour-blindness; the first ones go to the known methods.
+#: Okabe-Ito colours, distinguishable with colour-blindness: one per method of the registry, in its order.
 _PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
-METHOD_COLORS = {
-    "full": "#000000",
-    "snapstream": _PALETTE[0],
-    "snapkv": _PALETTE[1],
-    "streaming_llm": _PALETTE[2],
-}
+_FULL_CACHE_COLOR = "#000000"
 _LINESTYLES = ("-", "--", ":", "-.")
 _CI_ALPHA = 0.18
 _PANEL_SIZE = (2.6, 2.1)  # inches per panel
@@ -86,14 +75,23 @@ class NothingToDraw(SnapevalError):
 
 
 def method_label(method: str) -> str:
-    """The name of a method in figures."""
-    return METHOD_LABELS.get(method, method)
+    """The name of a method in figures: its class's ``label`` (:mod:`snapeval.cache.registry`)."""
+    from snapeval.cache.registry import method_label as registry_label  # torch loads only to draw
+
+    return registry_label(method)
 
 
 def method_color(method: str) -> str:
-    """A fixed colour per method, the same in every figure (unknown methods: picked from the name)."""
-    extra = _PALETTE[3:]
-    return METHOD_COLORS.get(method) or extra[zlib.crc32(method.encode()) % len(extra)]
+    """A fixed colour per method, the same in every figure: black for the full cache, then the palette in
+    the registry's order (a method outside it: a colour picked from its name)."""
+    from snapeval.cache.registry import method_classes
+
+    if method == "full":
+        return _FULL_CACHE_COLOR
+    compressing = [name for name in method_classes() if name != "full"]
+    if method in compressing and compressing.index(method) < len(_PALETTE):
+        return _PALETTE[compressing.index(method)]
+    return _PALETTE[zlib.crc32(method.encode()) % len(_PALETTE)]
 
 
 def pareto_front(memory: Sequence[float], accuracy: Sequence[float]) -> np.ndarray:

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from snapeval.cache import METHODS, build_cache
+from snapeval.cache import build_cache, method_class
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 
@@ -59,7 +59,7 @@ def check_grid(cfg: Mapping[str, Any]) -> None:
     if not isinstance(grid.get("share_prefill", True), bool):
         raise SnapevalError("must be true or false", "grid.share_prefill")
     methods = {_option(name)["method"] for name in options}
-    accepted = {name for method in methods for name in METHODS[method].parameter_names()}
+    accepted = {name for method in methods for name in method_class(method).parameter_names()}
     for name, values in (grid.get("params") or {}).items():
         if name not in accepted:
             known = ", ".join(sorted(methods))

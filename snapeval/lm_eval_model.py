@@ -7,8 +7,9 @@ would leave log-likelihoods unchanged (lm-eval issue 3298); here the continuatio
 was evicted.
 
 Model arguments: ``pretrained`` (a snapeval model name such as ``smollm2-135m``, a Hub id, or a path),
-``method`` (full | streaming_llm | snapkv | snapstream) and the method's parameters (``budget``,
-``ratio``, ``window``, ``kernel``, ``pooling``, ``sinks``, ``ring``, ``gqa_reduce``), ``compression``
+``method`` (any method of :mod:`snapeval.cache.registry`: full, sage_kv, snapkv, snapstream,
+streaming_llm, or ``package.module:ClassName``) and that method's parameters (its class's constructor
+arguments, e.g. ``budget``, ``ratio``, ``window``, ``sinks``, ``ring``), ``compression``
 (query_aware: the whole context is compressed; query_agnostic: the context up to the last occurrence of
 ``query_start`` is compressed and the rest appended after), ``max_length`` (default: the model's window),
 ``compile`` (the decode step: auto | off | on). ``generate_until`` requests go through snapeval's continuous
@@ -28,7 +29,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from snapeval.cache import build_cache, install
+from snapeval.cache import build_cache, install, method_class
 from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
 from snapeval.errors import SnapevalError
 from snapeval.generation import continuation_logprob
@@ -36,17 +37,6 @@ from snapeval.models import load_model, load_tokenizer, model_spec
 from snapeval.prompting import truncate_middle
 from snapeval.sampling import Sampling
 
-CACHE_PARAMETERS = (
-    "budget",
-    "ratio",
-    "window",
-    "kernel",
-    "pooling",
-    "sinks",
-    "ring",
-    "gqa_reduce",
-    "rerotate",
-)
 COMPRESSIONS = ("query_aware", "query_agnostic")
 
 
@@ -68,17 +58,19 @@ class SnapStreamLM(LM):
         **cache_parameters: Any,
     ) -> None:
         super().__init__()
-        unknown = sorted(set(cache_parameters) - set(CACHE_PARAMETERS) - {"max_batch_size"})
+        accepted = method_class(method).parameter_names()
+        cache_parameters.pop("max_batch_size", None)  # lm-eval's, not the method's
+        unknown = sorted(set(cache_parameters) - set(accepted))
         if unknown:
-            raise SnapevalError(f"unknown model argument(s) {', '.join(unknown)}", "model_args")
+            raise SnapevalError(
+                f"unknown model argument(s) {', '.join(unknown)}; {method} takes {', '.join(accepted)}",
+                "model_args",
+            )
         if compression not in COMPRESSIONS:
             raise SnapevalError(f"choose one of {', '.join(COMPRESSIONS)}", "compression")
         self.batch_size = _batch_size(batch_size)
         check_compile(compile)  # a bad choice fails before the model loads
-        self.cache_parameters = {
-            "method": method,
-            **{k: cache_parameters[k] for k in CACHE_PARAMETERS if k in cache_parameters},
-        }
+        self.cache_parameters = {"method": method, **cache_parameters}
         build_cache(self.cache_parameters)  # bad parameters fail before the model loads
         spec = model_spec(pretrained)
         if device and device.startswith("cuda") and not torch.cuda.is_available():

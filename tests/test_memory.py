@@ -14,7 +14,6 @@ from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
 from snapeval.errors import SnapevalError
 from snapeval.memory import (
-    METHODS,
     builtin_models,
     estimate,
     geometry_from_config,
@@ -22,6 +21,7 @@ from snapeval.memory import (
     kv_bytes_per_token,
     load_geometry,
     load_hardware,
+    method_names,
 )
 from snapeval.memory.cli import main
 from snapeval.memory.parameters import estimate_parameters
@@ -185,9 +185,21 @@ def test_snapstream_preallocates_its_budget_but_snapkv_keeps_at_most_the_context
 
 
 def test_methods_are_those_of_the_cache_engine():
-    from snapeval.cache import METHODS as ENGINE_METHODS
+    from snapeval.cache import method_classes
 
-    assert set(METHODS) == set(ENGINE_METHODS)
+    assert method_names() == list(method_classes())
+    assert "sage_kv" in method_names()
+
+
+def test_every_budgeted_method_holds_what_its_cache_class_allocates():
+    holds = {
+        method: estimate("smollm2-135m", "sn40l", context=512, budget=256, method=method).tokens_compressed
+        for method in method_names()
+        if method != "full"
+    }
+    assert holds == {"sage_kv": 256, "snapkv": 256, "snapstream": 256, "streaming_llm": 256}
+    short = estimate("smollm2-135m", "sn40l", context=200, budget=256, method="streaming_llm")
+    assert short.tokens_compressed == 256  # a fixed-capacity buffer: allocated whole whatever the context
 
 
 def test_batch_working_set_decides_fit():

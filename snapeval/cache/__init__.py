@@ -2,6 +2,7 @@
 
 It knows nothing of tasks. Prepare a model with :func:`install`, then give a fresh cache to each
 generation: ``model.generate(ids, past_key_values=build_cache({"method": "snapstream", "budget": 1024}))``.
+The methods are those :mod:`snapeval.cache.registry` finds: adding one is adding a module.
 """
 
 from __future__ import annotations
@@ -13,36 +14,38 @@ from snapeval.cache.attention import install
 from snapeval.cache.base import SnapevalCache
 from snapeval.cache.full import FullCache
 from snapeval.cache.grid import CacheGrid
+from snapeval.cache.registry import method_class, method_classes, method_label
+from snapeval.cache.sage_kv import SageKVCache
 from snapeval.cache.snapkv import SnapKVCache
 from snapeval.cache.snapstream import SnapStreamCache
 from snapeval.cache.streaming_llm import StreamingLLMCache
 from snapeval.errors import SnapevalError
 
-METHODS: dict[str, type[SnapevalCache]] = {
-    cls.method: cls for cls in (FullCache, StreamingLLMCache, SnapKVCache, SnapStreamCache)
-}
-
 __all__ = [
-    "METHODS",
     "CacheGrid",
+    "FullCache",
+    "SageKVCache",
+    "SnapKVCache",
+    "SnapStreamCache",
     "SnapevalCache",
+    "StreamingLLMCache",
     "build_cache",
     "install",
-    *(c.__name__ for c in METHODS.values()),
+    "method_class",
+    "method_classes",
+    "method_label",
 ]
 
 
 def build_cache(params: Mapping[str, Any], strict: bool = True) -> SnapevalCache:
-    """A new cache from ``{"method": name, **parameters}``.
+    """A new cache from ``{"method": name, **parameters}``; ``name`` may be ``package.module:ClassName``.
 
     Unknown method names are errors. Unknown parameters are errors when ``strict``; otherwise they are
     dropped, so that one sweep can give ``budget`` to every method, the full cache included.
     """
     params = dict(params)
     method = params.pop("method", None)
-    if method not in METHODS:
-        raise SnapevalError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", "cache.method")
-    cls = METHODS[method]
+    cls = method_class(method)
     accepted = cls.parameter_names()
     unknown = sorted(set(params) - set(accepted))
     if not strict:
@@ -52,4 +55,6 @@ def build_cache(params: Mapping[str, Any], strict: bool = True) -> SnapevalCache
             f"{method} takes no parameter {', '.join(unknown)}; it takes {', '.join(accepted) or 'none'}",
             f"cache.{unknown[0]}",
         )
-    return cls(**params)
+    cache = cls(**params)
+    cache.method = method  # an outside method is stored under the path that loads it again
+    return cache

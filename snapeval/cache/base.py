@@ -188,6 +188,9 @@ class SnapevalCache(Cache):
     """
 
     method: str = "base"
+    """The name in configs and results."""
+    label: str = ""
+    """The name in figures (the ``method`` if empty)."""
 
     def __init__(self) -> None:
         super().__init__(layer_class_to_replicate=KVLayer)

@@ -12,6 +12,7 @@ class FullCache(SnapevalCache):
     """
 
     method = "full"
+    label = "Full cache"
 
     def select(self, prompt: LayerPrompt) -> Selection:
         return Selection()

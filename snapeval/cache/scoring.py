@@ -73,6 +73,15 @@ def _ascending(columns: torch.Tensor, sentinel: int) -> torch.Tensor:
     return ordered.masked_fill(ordered == sentinel, EMPTY)
 
 
+def prompt_window_attention(prompt: LayerPrompt, window: int) -> torch.Tensor:
+    """:func:`window_attention` of a layer's ``prompt``, computed once per window and kept in the prompt."""
+    attention = prompt.scores.get(("window", window))
+    if attention is None:
+        attention = window_attention(prompt.query, prompt.keys, prompt.valid, window, prompt.scaling)
+        prompt.scores[("window", window)] = attention
+    return attention
+
+
 def snapkv_priority(
     prompt: LayerPrompt, window: int, kernel: int, pooling: str, gqa_reduce: str
 ) -> torch.Tensor:
@@ -86,10 +95,7 @@ def snapkv_priority(
     setting = ("priority", window, kernel, pooling, gqa_reduce)
     if setting in prompt.scores:
         return prompt.scores[setting]
-    attention = prompt.scores.get(("window", window))
-    if attention is None:
-        attention = window_attention(prompt.query, prompt.keys, prompt.valid, window, prompt.scaling)
-        prompt.scores[("window", window)] = attention
+    attention = prompt_window_attention(prompt, window)
     prefix = prompt.length - min(window, prompt.length)
     pooled = pool_scores(attention[..., :prefix], kernel, pooling)
     scores = reduce_gqa(pooled, prompt.keys.shape[1], gqa_reduce)

@@ -21,6 +21,7 @@ class SnapKVCache(SnapevalCache):
     """
 
     method = "snapkv"
+    label = "SnapKV"
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ class SnapStreamCache(SnapevalCache):
     """
 
     method = "snapstream"
+    label = "SnapStream"
 
     def __init__(
         self,

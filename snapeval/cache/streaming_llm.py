@@ -35,6 +35,7 @@ class StreamingLLMCache(SnapevalCache):
     """
 
     method = "streaming_llm"
+    label = "StreamingLLM"
 
     def __init__(
         self, budget: int | None = None, ratio: float | None = None, sinks: int = 4, rerotate: bool = False

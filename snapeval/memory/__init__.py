@@ -7,12 +7,11 @@ prints the estimate as tables; :func:`estimate` returns it as a :class:`MemoryEs
 from snapeval.memory.estimate import MemoryEstimate, TierFit, estimate
 from snapeval.memory.geometry import ModelGeometry, builtin_models, geometry_from_config, load_geometry
 from snapeval.memory.hardware import HardwareProfile, MemoryTier, hardware_names, load_hardware
-from snapeval.memory.kv import METHODS, kv_bytes_per_sequence, kv_bytes_per_token
+from snapeval.memory.kv import kv_bytes_per_sequence, kv_bytes_per_token, method_names
 from snapeval.memory.units import DTYPE_BYTES
 
 __all__ = [
     "DTYPE_BYTES",
-    "METHODS",
     "HardwareProfile",
     "MemoryEstimate",
     "MemoryTier",
@@ -26,4 +25,5 @@ __all__ = [
     "kv_bytes_per_token",
     "load_geometry",
     "load_hardware",
+    "method_names",
 ]

@@ -16,7 +16,7 @@ INTEGER_KEYS = frozenset({"context", "batch", "tp", "budget"})
 NULL = "null"
 USAGE = (
     "usage: python -m snapeval.memory model=<built-in name | config.json | hub id> hardware=<name> "
-    "context=<tokens> [batch=1] [tp=1] [budget=<tokens>] [method=full|snapstream|snapkv|streaming_llm] "
+    "context=<tokens> [batch=1] [tp=1] [budget=<tokens>] [method=<a method of snapeval.cache>] "
     "[kv_dtype=bf16] [weights_dtype=bf16]"
 )
 EXIT_USAGE = 2

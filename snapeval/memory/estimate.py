@@ -10,12 +10,12 @@ from snapeval.memory.geometry import ModelGeometry, load_geometry
 from snapeval.memory.hardware import TIER_NAMES, HardwareProfile, MemoryTier, load_hardware
 from snapeval.memory.kv import (
     FULL,
-    METHODS,
     SNAPSTREAM,
     cached_tokens,
     ceil_div,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
+    method_names,
     weights_bytes,
 )
 from snapeval.memory.notes import estimate_notes
@@ -155,10 +155,10 @@ def resolve_method(method: str | None, budget: int | None) -> str:
     """The method to estimate: ``snapstream`` by default with a budget, ``full`` without."""
     if method is None:
         return FULL if budget is None else SNAPSTREAM
-    if method not in METHODS:
-        raise SnapevalError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", "method")
+    if method not in method_names() and ":" not in method:
+        raise SnapevalError(f"unknown method {method!r}; choose one of {', '.join(method_names())}", "method")
     if method == FULL and budget is not None:
-        budgeted = ", ".join(m for m in METHODS if m != FULL)
+        budgeted = ", ".join(m for m in method_names() if m != FULL)
         raise SnapevalError(
             f"method=full keeps every token; drop budget or choose one of {budgeted}", "budget"
         )

@@ -8,7 +8,6 @@ from snapeval.memory.units import dtype_bytes
 
 FULL = "full"
 SNAPSTREAM = "snapstream"
-METHODS = (FULL, SNAPSTREAM, "snapkv", "streaming_llm")  # the method names of snapeval.cache
 
 
 def ceil_div(numerator: int, denominator: int) -> int:
@@ -53,16 +52,30 @@ def kv_bytes_per_sequence(
 
 
 def cached_tokens(method: str, context: int, budget: int | None) -> int:
-    """Tokens a method caches per layer for a ``context``-token sequence.
+    """Tokens a method holds per layer for a ``context``-token sequence: the slots its cache class says a
+    row needs (:meth:`~snapeval.cache.base.SnapevalCache.decode_slots`), so the estimate is the engine's.
 
-    ``full`` keeps them all; SnapStream preallocates ``budget`` slots; SnapKV and StreamingLLM keep
-    at most ``budget``.
+    ``full`` keeps them all; SnapStream, StreamingLLM and SAGE-KV preallocate ``budget`` slots; SnapKV
+    keeps at most ``budget``.
     """
     if method == FULL:
         return context
     if budget is None:
         raise SnapevalError(f"required by method={method}", "budget")
-    return budget if method == SNAPSTREAM else min(context, budget)
+    from snapeval.cache import build_cache  # torch loads once the arguments are known to be sound
+
+    try:
+        cache = build_cache({"method": method, "budget": budget}, strict=False)
+    except SnapevalError as error:
+        raise SnapevalError(str(error).removeprefix(f"{error.field}: "), "budget") from None
+    return cache.decode_slots(context, 0)
+
+
+def method_names() -> list[str]:
+    """The methods the estimator knows: those of the engine's registry."""
+    from snapeval.cache.registry import method_classes
+
+    return list(method_classes())
 
 
 def weights_bytes(num_parameters: int, weights_dtype: str, tp: int = 1) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from snapeval.memory.geometry import ModelGeometry
 from snapeval.memory.hardware import HardwareProfile
-from snapeval.memory.kv import SNAPSTREAM, kv_heads_per_rank, kv_width
+from snapeval.memory.kv import FULL, cached_tokens, kv_heads_per_rank, kv_width
 from snapeval.memory.units import format_bytes
 
 UNITS_NOTE = (
@@ -32,9 +32,9 @@ def estimate_notes(
             f"{geometry.num_sliding_layers} of {geometry.num_layers} layers use sliding-window attention: "
             f"they cache at most {geometry.sliding_window:,} tokens"
         )
-    if method == SNAPSTREAM and budget is not None and budget > context:
+    if method != FULL and budget is not None and cached_tokens(method, context, budget) > context:
         notes.append(
-            f"snapstream preallocates budget={budget:,} slots, more than the {context:,}-token context"
+            f"{method} preallocates budget={budget:,} slots, more than the {context:,}-token context"
         )
     notes.append(weights_note(hardware, tp, weights_per_socket))
     if geometry.parameters_estimated:

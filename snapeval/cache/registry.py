@@ -1,0 +1,69 @@
+"""Where the methods are declared: every :class:`SnapevalCache` subclass in a module of this package.
+
+A method is one module here whose class sets ``method`` (its name in configs and results) and
+``label`` (its name in figures; a class without one, such as the grid, is no method); its constructor's
+arguments, with their defaults and checks, are its parameters. Nothing else lists methods: the Hydra
+group ``conf/cache`` is generated from this registry (``python -m snapeval.method_configs``); the
+runner, sweeps, lm-eval model, memory estimator and figures ask it. A method kept outside the package is
+named by its import path, ``package.module:ClassName``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+from snapeval.cache.base import SnapevalCache
+from snapeval.errors import SnapevalError
+
+
+@functools.cache
+def method_classes() -> dict[str, type[SnapevalCache]]:
+    """The built-in methods, name -> class, ``full`` first and the rest by name."""
+    found: dict[str, type[SnapevalCache]] = {}
+    for module_info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        module = importlib.import_module(f"snapeval.cache.{module_info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if (
+                issubclass(cls, SnapevalCache)
+                and cls.__module__ == module.__name__
+                and vars(cls).get("label")
+            ):
+                found[cls.method] = cls
+    return dict(sorted(found.items(), key=lambda item: (item[0] != "full", item[0])))
+
+
+def method_class(name: object) -> type[SnapevalCache]:
+    """The class of method ``name``: a built-in name, or ``package.module:ClassName`` for one outside."""
+    if isinstance(name, str) and ":" in name:
+        return _external(name)
+    methods = method_classes()
+    if name not in methods:
+        raise SnapevalError(
+            f"unknown method {name!r}; choose one of {', '.join(methods)} or give package.module:ClassName",
+            "cache.method",
+        )
+    return methods[name]
+
+
+def method_label(name: str) -> str:
+    """How figures name method ``name``: its class's ``label``, or the name itself if it cannot load."""
+    try:
+        cls = method_class(name)
+        return cls.label or name
+    except SnapevalError:
+        return name
+
+
+def _external(path: str) -> type[SnapevalCache]:
+    module_name, _, class_name = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise SnapevalError(f"cannot load {path!r}: {error}", "cache.method") from None
+    if not (inspect.isclass(cls) and issubclass(cls, SnapevalCache)):
+        raise SnapevalError(f"{path!r} is not a snapeval.cache.SnapevalCache subclass", "cache.method")
+    return cls
