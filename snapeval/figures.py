@@ -83,15 +83,16 @@ def method_label(method: str) -> str:
 
 def method_color(method: str) -> str:
     """A fixed colour per method, the same in every figure: black for the full cache, then the palette in
-    the registry's order (a method outside it: a colour picked from its name)."""
+    the registry's order (a method outside it: one of the colours left, picked from its name)."""
     from snapeval.cache.registry import method_classes
 
     if method == "full":
         return _FULL_CACHE_COLOR
     compressing = [name for name in method_classes() if name != "full"]
-    if method in compressing and compressing.index(method) < len(_PALETTE):
-        return _PALETTE[compressing.index(method)]
-    return _PALETTE[zlib.crc32(method.encode()) % len(_PALETTE)]
+    if method in compressing:
+        return _PALETTE[compressing.index(method) % len(_PALETTE)]
+    unused = _PALETTE[len(compressing) :] or _PALETTE
+    return unused[zlib.crc32(method.encode()) % len(unused)]
 
 
 def pareto_front(memory: Sequence[float], accuracy: Sequence[float]) -> np.ndarray:

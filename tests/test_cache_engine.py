@@ -127,7 +127,12 @@ def test_ratio_sizes_the_cache_from_the_prompt(smollm):
         ({"method": "streaming_llm", "budget": 4, "sinks": 4}, "cache.budget"),
         ({"method": "snapkv", "budget": 256, "ratio": 0.5}, "cache.budget"),
         ({"method": "snapkv", "budget": None, "ratio": 1.5}, "cache.ratio"),
+        ({"method": "sage_kv", "budget": 68, "sinks": 4, "recent": 64}, "cache.budget"),
+        ({"method": "sage_kv", "budget": 256, "recent": 0}, "cache.recent"),
+        ({"method": "sage_kv", "budget": 256, "window": 0}, "cache.window"),
         ({"method": "h2o", "budget": 256}, "cache.method"),
+        ({"method": "no_such_module:Cache", "budget": 256}, "cache.method"),
+        ({"method": "snapeval.errors:SnapevalError"}, "cache.method"),
         ({"method": "snapkv", "budget": 256, "windw": 8}, "cache.windw"),
     ],
 )

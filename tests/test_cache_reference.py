@@ -4,6 +4,8 @@
 * Decode logits of every compressing cache == the uncompressed model run with an eager attention whose
   per-layer, per-KV-head mask hides exactly what the definition says is evicted (sinks + recent for
   StreamingLLM; the reference selection + all/last-ring generated tokens for SnapKV/SnapStream).
+* SAGE-KV selection == a naive loop over the last prompt query's softmax attention, per KV head; its decode
+  == the masked model with sinks + top-k candidates + a recent window that rolls through the prompt's tail.
 * StreamingLLM with ``rerotate`` == the same masked model where each row scores the sink keys rotated
   forward by its gap, so that every distance is the one between positions inside the cache.
 """
@@ -17,7 +19,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from snapeval.cache import SnapKVCache, SnapStreamCache, StreamingLLMCache
+from snapeval.cache import SageKVCache, SnapKVCache, SnapStreamCache, StreamingLLMCache
 from snapeval.cache.attention import ATTENTION_NAME
 from snapeval.cache.base import LayerPrompt
 from snapeval.models import encode_chat
@@ -84,6 +86,49 @@ def test_snapstream_selection_pins_sinks_and_window_on_random_tensors():
     selection = cache.select(LayerPrompt(k, q, valid, 1 / math.sqrt(8)))
     assert selection.capacity == 30
     assert selection.pinned[0].tolist() == reference_keep(q[0], k[0], 5, 3, "max", "mean", keep=24, sinks=2)
+
+
+def reference_sage_kv(q, k, sinks, recent, keep, window=1):
+    """Naive SAGE-KV: q (H, L, d), k (Hkv, L, d) -> per KV head the sorted pinned columns (sinks + top-k).
+
+    Each query head's softmax attention of the last ``window`` queries (causal) is summed; a KV head's
+    score of a column is the mean over its query heads; candidates exclude the sinks and the last
+    ``recent`` columns; ties go to the earlier column.
+    """
+    heads, length, dim = q.shape
+    kv_heads = k.shape[0]
+    group = heads // kv_heads
+    head_scores = []
+    for h in range(heads):
+        summed = [0.0] * length
+        for i in range(length - window, length):
+            logits = [float(q[h, i] @ k[h // group, j]) / math.sqrt(dim) for j in range(i + 1)]
+            top = max(logits)
+            weights = [math.exp(x - top) for x in logits]
+            for j, w in enumerate(weights):
+                summed[j] += w / sum(weights)
+        head_scores.append(summed)
+    kept = []
+    for g in range(kv_heads):
+        members = head_scores[g * group : (g + 1) * group]
+        scores = [sum(m[j] for m in members) / group for j in range(length)]
+        candidates = range(sinks, length - recent)
+        ranked = sorted(candidates, key=lambda j: (-scores[j], j))[: keep - sinks]
+        kept.append(sorted(set(range(sinks)) | set(ranked)))
+    return kept
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_sage_kv_selection_matches_naive_reference_on_random_tensors(window):
+    generator = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 6, 40, 8, generator=generator)
+    k = torch.randn(1, 2, 40, 8, generator=generator)
+    valid = torch.ones(1, 40, dtype=torch.bool)
+    cache = SageKVCache(budget=20, sinks=3, recent=6, window=window)
+    selection = cache.select(LayerPrompt(k, q, valid, 1 / math.sqrt(8)))
+    assert selection.capacity == 20
+    assert selection.pinned[0].tolist() == reference_sage_kv(q[0], k[0], 3, 6, keep=14, window=window)
+    assert selection.ring[0].tolist() == [list(range(34, 40))] * 2  # the recent window, oldest first
 
 
 # --- the real model ---------------------------------------------------------------------------------
@@ -283,6 +328,22 @@ def test_snapstream_decode_equals_masked_full_model_past_ring_wrap(smollm, promp
     )
 
 
+def test_sage_kv_decode_equals_masked_full_model_past_recent_wrap(smollm, prompt_ids):
+    sinks, recent, budget = 4, 16, 64
+    captured = capture_prefill(smollm.model, prompt_ids)
+    keep = budget - recent
+    kept = {layer: reference_sage_kv(q, k, sinks, recent, keep) for layer, (q, k) in captured.items()}
+    length = len(prompt_ids)
+    assert length > budget - recent and recent < DECODE_STEPS  # really evicts, and the window rolls on
+    assert_matches_definition(
+        smollm,
+        prompt_ids,
+        SageKVCache(budget=budget, sinks=sinks, recent=recent),
+        prompt_visible=lambda layer, g: kept[layer][g],
+        decode_visible=lambda row: list(range(row - recent + 1, row + 1)),
+    )
+
+
 @pytest.mark.parametrize(
     "cache_factory",
     [
@@ -290,8 +351,9 @@ def test_snapstream_decode_equals_masked_full_model_past_ring_wrap(smollm, promp
         lambda: StreamingLLMCache(budget=4096),
         lambda: StreamingLLMCache(budget=4096, rerotate=True),
         lambda: SnapStreamCache(budget=4096),
+        lambda: SageKVCache(budget=4096),
     ],
-    ids=["snapkv", "streaming_llm", "streaming_llm_rerotate", "snapstream"],
+    ids=["snapkv", "streaming_llm", "streaming_llm_rerotate", "snapstream", "sage_kv"],
 )
 def test_budget_holding_everything_reproduces_full_cache(smollm, prompt_ids, cache_factory):
     full_tokens, full_logits = run_cache(smollm.model, prompt_ids, DynamicCache(), steps=32)

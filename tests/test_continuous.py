@@ -29,6 +29,7 @@ MIXED_METHODS = [
     {"method": "streaming_llm", "budget": 24, "sinks": 2},
     {"method": "snapstream", "budget": 56, "window": 8, "kernel": 5, "sinks": 4, "ring": 12},
     {"method": "streaming_llm", "budget": 20, "sinks": 2, "rerotate": True},
+    {"method": "sage_kv", "budget": 36, "sinks": 2, "recent": 12, "window": 2},
 ]
 QUESTIONS = [
     "List three facts about the Moon, then three facts about Mars, in full sentences.",

@@ -41,6 +41,8 @@ SETTINGS = [
     {"method": "snapstream", "budget": 128, "window": 8, "kernel": 5, "sinks": 4, "ring": 16},
     {"method": "snapstream", "budget": 96, "window": 16, "kernel": 7, "pooling": "avg", "ring": 8},
     {"method": "snapstream", "budget": 100, "window": 8, "kernel": 5, "sinks": 4, "ring": 16},
+    {"method": "sage_kv", "budget": 96, "sinks": 4, "recent": 16},
+    {"method": "sage_kv", "budget": 80, "sinks": 2, "recent": 24, "window": 8},
 ]
 NOTES = " ".join(f"Note {n}: the code of box {n} is {1000 + 37 * n}." for n in range(40))
 
