@@ -126,4 +126,3 @@ def test_an_outside_method_runs_end_to_end_without_touching_another_file(toy_mod
     for extra in samples["extra"]:
         counts = extra["kept_histogram"]["counts"]
         assert counts[0] > 0.5 and sum(counts[1:]) == 0  # only the first 16 of ~250 prompt tokens held
-
