@@ -62,8 +62,10 @@ class Request:
     tag: Any = None
 
     def prefill_key(self) -> tuple:
-        """Requests with equal keys share one prefill, whatever their cache settings."""
-        return (self.prompt_ids, self.compress_at)
+        """Requests with equal keys share one prefill, whatever their cache settings (except a method
+        that chooses what to prefill: its prefill is its own)."""
+        own = build_cache(self.cache, strict=False).selects_before_prefill
+        return (self.prompt_ids, self.compress_at, self.setting if own else None)
 
     @cached_property
     def setting(self) -> tuple:

@@ -47,9 +47,16 @@ def prompt_logits(
 
 def prefill_logits(model: PreTrainedModel, prompt_ids: Sequence[int], cache: Cache) -> torch.Tensor:
     """(1, vocab) logits of the last of ``prompt_ids``, prefilled in one call (a snapeval cache, or a
-    :class:`~snapeval.cache.grid.CacheGrid` of several, compresses itself during that call)."""
-    prefix = torch.tensor([list(prompt_ids)], device=model.device)
-    return model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0]
+    :class:`~snapeval.cache.grid.CacheGrid` of several, compresses itself during that call; a cache may
+    first choose which prompt tokens to prefill, at their own positions)."""
+    ids, positions = (
+        cache.prefill_input(model, list(prompt_ids))
+        if hasattr(cache, "prefill_input")
+        else (prompt_ids, None)
+    )
+    prefix = torch.tensor([list(ids)], device=model.device)
+    extra = {} if positions is None else {"position_ids": torch.tensor([positions], device=model.device)}
+    return model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1, **extra).logits[0]
 
 
 def append_logits(model: PreTrainedModel, token_ids: Sequence[int], cache: Cache) -> torch.Tensor | None:

@@ -33,7 +33,7 @@ from snapeval.cache import build_cache, install, method_class
 from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
 from snapeval.errors import SnapevalError
 from snapeval.generation import continuation_logprob
-from snapeval.models import load_model, load_tokenizer, model_spec
+from snapeval.models import attach_drafts, load_model, load_tokenizer, model_spec
 from snapeval.prompting import truncate_middle
 from snapeval.sampling import Sampling
 
@@ -87,7 +87,9 @@ class SnapStreamLM(LM):
     def model(self) -> PreTrainedModel:
         """The weights, loaded at the first request: lm-eval builds the model before it reads the
         tasks' data, so a missing data file is reported before minutes of loading, not after."""
-        return install(load_model(self.spec))
+        model = install(load_model(self.spec))
+        attach_drafts(model, self.tokenizer, [self.cache_parameters])
+        return model
 
     @functools.cached_property
     def batcher(self) -> ContinuousBatcher:

@@ -164,3 +164,18 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str
     """
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def attach_drafts(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, caches: list[dict]) -> None:
+    """Load and attach to ``model`` every draft model that ``caches`` (cache configs) name in ``draft``
+    (a snapeval model name or a Hub id; ``self`` is the model itself). A draft whose vocabulary differs
+    from the target's is cross-family: it gets both tokenizers, to carry importance by character offsets."""
+    from snapeval.cache import install
+    from snapeval.cache.speculative_prefill import SELF, Draft, attach_draft
+
+    for name in sorted({cache["draft"] for cache in caches if cache.get("draft") not in (None, SELF)}):
+        spec = model_spec(name)
+        draft_tokenizer = load_tokenizer(spec)
+        family = draft_tokenizer.get_vocab() == tokenizer.get_vocab()
+        draft = install(load_model(spec))
+        attach_draft(model, name, Draft(draft) if family else Draft(draft, draft_tokenizer, tokenizer))

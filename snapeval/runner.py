@@ -24,7 +24,7 @@ from snapeval.cache import build_cache, install
 from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
 from snapeval.errors import SnapevalError
 from snapeval.grid import check_grid, grid_points, shares_prefill
-from snapeval.models import ModelSpec, check_device, load_model, load_tokenizer
+from snapeval.models import ModelSpec, attach_drafts, check_device, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window, truncate_content
 from snapeval.records import answer_text, sample_row
 from snapeval.results import ResultsDB, config_hash, summary_of
@@ -197,6 +197,7 @@ def _evaluate(
     """
     model = install(load_model(spec))
     tokenizer = load_tokenizer(spec)
+    attach_drafts(model, tokenizer, [point.config["cache"] for point in points])
     generation_cfg = cfg["generation"]
     max_new_tokens = generation_cfg.get("max_new_tokens") or task.max_new_tokens
     stop_ids = frozenset(_stop_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id))

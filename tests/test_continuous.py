@@ -30,6 +30,7 @@ MIXED_METHODS = [
     {"method": "snapstream", "budget": 56, "window": 8, "kernel": 5, "sinks": 4, "ring": 12},
     {"method": "streaming_llm", "budget": 20, "sinks": 2, "rerotate": True},
     {"method": "sage_kv", "budget": 36, "sinks": 2, "recent": 12, "window": 2},
+    {"method": "speculative_prefill", "budget": 40, "window": 4, "kernel": 3, "chunk": 8},
 ]
 QUESTIONS = [
     "List three facts about the Moon, then three facts about Mars, in full sentences.",

@@ -197,7 +197,13 @@ def test_every_budgeted_method_holds_what_its_cache_class_allocates():
         for method in method_names()
         if method != "full"
     }
-    assert holds == {"sage_kv": 256, "snapkv": 256, "snapstream": 256, "streaming_llm": 256}
+    assert holds == {
+        "sage_kv": 256,
+        "snapkv": 256,
+        "snapstream": 256,
+        "speculative_prefill": 256,
+        "streaming_llm": 256,
+    }
     short = estimate("smollm2-135m", "sn40l", context=200, budget=256, method="streaming_llm")
     assert short.tokens_compressed == 256  # a fixed-capacity buffer: allocated whole whatever the context
 

@@ -50,12 +50,20 @@ TOY = "toy_first_tokens:FirstTokensCache"
 
 
 def test_built_in_methods_are_the_modules_of_the_engine():
-    assert list(method_classes()) == ["full", "sage_kv", "snapkv", "snapstream", "streaming_llm"]
+    assert list(method_classes()) == [
+        "full",
+        "sage_kv",
+        "snapkv",
+        "snapstream",
+        "speculative_prefill",
+        "streaming_llm",
+    ]
     assert [method_label(m) for m in method_classes()] == [
         "Full cache",
         "SAGE-KV",
         "SnapKV",
         "SnapStream",
+        "Speculative prefill",
         "StreamingLLM",
     ]
     for cls in method_classes().values():

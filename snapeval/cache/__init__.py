@@ -18,6 +18,7 @@ from snapeval.cache.registry import method_class, method_classes, method_label
 from snapeval.cache.sage_kv import SageKVCache
 from snapeval.cache.snapkv import SnapKVCache
 from snapeval.cache.snapstream import SnapStreamCache
+from snapeval.cache.speculative_prefill import SpeculativePrefillCache
 from snapeval.cache.streaming_llm import StreamingLLMCache
 from snapeval.errors import SnapevalError
 
@@ -28,6 +29,7 @@ __all__ = [
     "SnapKVCache",
     "SnapStreamCache",
     "SnapevalCache",
+    "SpeculativePrefillCache",
     "StreamingLLMCache",
     "build_cache",
     "install",

@@ -191,6 +191,9 @@ class SnapevalCache(Cache):
     """The name in configs and results."""
     label: str = ""
     """The name in figures (the ``method`` if empty)."""
+    selects_before_prefill = False
+    """True for a method that chooses which prompt tokens to prefill (:meth:`prefill_input`): its prefill
+    is its own, never shared with other settings."""
 
     def __init__(self) -> None:
         super().__init__(layer_class_to_replicate=KVLayer)
@@ -212,6 +215,12 @@ class SnapevalCache(Cache):
         """Slots one row needs at a fixed shape: ``prompt_length`` compressed prompt tokens, then
         ``new_tokens`` appended (a query after the compressed part, and every token generated)."""
         return prompt_length + new_tokens
+
+    def prefill_input(
+        self, model: torch.nn.Module, prompt_ids: list[int]
+    ) -> tuple[list[int], list[int] | None]:
+        """The tokens to prefill for ``prompt_ids`` and their positions in it (None: all, in order)."""
+        return list(prompt_ids), None
 
     def awaiting_prefill(self, layer_idx: int) -> bool:
         return not self.layers[layer_idx].prefilled

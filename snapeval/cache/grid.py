@@ -33,6 +33,8 @@ class CacheGrid(SnapevalCache):
     def __init__(self, members: Sequence[SnapevalCache]) -> None:
         if not members:
             raise SnapevalError("a cache grid needs at least one member cache", "grid")
+        if any(member.selects_before_prefill for member in members):
+            raise SnapevalError("a method that chooses what to prefill cannot share a prefill", "grid")
         super().__init__()
         self.members = list(members)
 
