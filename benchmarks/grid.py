@@ -11,7 +11,7 @@ LongBench-v2 prompts middle-truncated to ``--longbench-tokens`` (8k; needs the d
   caches (:class:`snapeval.cache.grid.CacheGrid`), the settings decode together.
 
 and checks that the grid gives every setting the tokens it gives alone. Then, end to end, the shipped
-``+exp=ruler_budget_sweep`` (13 settings x 10 prompts at 1,024 tokens) as one grid, against the same
+``+exp=ruler_budget_sweep`` (16 settings x 10 prompts at 1,024 tokens) as one grid, against the same
 sweep as a Hydra multirun of separate points (``grid=null cache=... cache.budget=...``, the way every
 sweep ran before grids), each into a fresh database.
 
@@ -106,11 +106,11 @@ def sweep(args) -> list[dict]:
     """``+exp=ruler_budget_sweep`` end to end: as one grid, and as a multirun of separate points."""
     ways = {
         "one grid (+exp=ruler_budget_sweep)": ["+exp=ruler_budget_sweep"],
-        "13 points, separately (Hydra multirun)": [
+        "16 points, separately (Hydra multirun)": [
             "-m",
             "+exp=ruler_budget_sweep",
             "grid=null",
-            "cache=full,streaming_llm,snapkv,snapstream,sage_kv",
+            "cache=full,streaming_llm,snapkv,snapstream,sage_kv,speculative_prefill",
             "cache.budget=192,384,768",
         ],
     }
