@@ -2,9 +2,9 @@
 
 A method's parameters and their defaults live in its class (:mod:`snapeval.cache.registry`); its YAML
 only lets Hydra compose it without loading torch. One rule is added here, for sweeps: every option has
-``budget`` (:data:`DEFAULT_BUDGET` where the method takes one) and ``ratio``, so that one sweep can give a
-budget to every method; a method that takes neither (the full cache) ignores them. Regenerate after
-adding or changing a method::
+``budget`` (:data:`DEFAULT_BUDGET` where the method takes a budget or a ratio) and ``ratio``, so that
+one sweep can give a budget to every method; a method that takes neither (the full cache) ignores
+them. Regenerate after adding or changing a method::
 
     python -m snapeval.method_configs            # write
     python -m snapeval.method_configs --check    # exit 1 if an option is stale or left over (CI)
@@ -35,7 +35,7 @@ def definition(method: str) -> str:
     defaults = {"budget": None, "ratio": None}
     for name, parameter in list(inspect.signature(cls.__init__).parameters.items())[1:]:
         defaults[name] = None if parameter.default is inspect.Parameter.empty else parameter.default
-    if "budget" in cls.parameter_names():
+    if {"budget", "ratio"} <= set(cls.parameter_names()):  # a budget or a ratio: the budget by default
         defaults["budget"] = DEFAULT_BUDGET
     summary = (inspect.getdoc(cls) or "").splitlines()[0]
     lines = [HEADER.format(module=cls.__module__, cls=cls.__name__, summary=summary), f"method: {method}"]

@@ -32,7 +32,10 @@ HOSTILE = [
     (["task.limit=0"], "error: task.limit: must be an integer >= 1 or null, got 0"),
     (["task.context_length=-5"], "error: task.context_length: must be an integer >= 16, got -5"),
     (["task.context_length=10000000"], "error: task.context_length: 10000000 tokens do not fit the model's"),
-    (["+cache.budgt=5"], "error: cache.budgt: unknown key; the caches take budget, gqa_reduce, kernel"),
+    (
+        ["+cache.budgt=5"],
+        "error: cache.budgt: unknown key; the caches take budget, chunk, draft, gqa_reduce, kernel",
+    ),
     (["+task.limt=1"], "error: task.limt: unknown key; task ruler_passkey has context_length, kind, limit"),
     (["task.contxt_length=5"], "error: task.contxt_length: no such key"),
     (["+foo=1"], "error: foo: unknown key; the config has"),

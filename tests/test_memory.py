@@ -195,7 +195,7 @@ def test_every_budgeted_method_holds_what_its_cache_class_allocates():
     holds = {
         method: estimate("smollm2-135m", "sn40l", context=512, budget=256, method=method).tokens_compressed
         for method in method_names()
-        if method != "full"
+        if method not in ("full", "kvpress")  # kvpress needs its extra: tests/test_kvpress.py
     }
     assert holds == {
         "sage_kv": 256,

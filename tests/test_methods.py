@@ -52,6 +52,7 @@ TOY = "toy_first_tokens:FirstTokensCache"
 def test_built_in_methods_are_the_modules_of_the_engine():
     assert list(method_classes()) == [
         "full",
+        "kvpress",
         "sage_kv",
         "snapkv",
         "snapstream",
@@ -60,6 +61,7 @@ def test_built_in_methods_are_the_modules_of_the_engine():
     ]
     assert [method_label(m) for m in method_classes()] == [
         "Full cache",
+        "kvpress",
         "SAGE-KV",
         "SnapKV",
         "SnapStream",

@@ -33,6 +33,8 @@ from snapeval.errors import SnapevalError
 ATTENTION_NAME = "snapeval"
 ROPE_INV_FREQ = "snapeval_rope_inv_freq"  # attribute that install() sets on every attention module
 CACHE_KWARG = "snapeval_cache"  # the keyword that carries a layer's past_key_values to the attention
+ROTARY_MODULE = "snapeval_rotary_emb"  # the model's rotary embedding module, kept on every attention module
+INPUTS_KWARG = "snapeval_inputs"  # and the module's forward inputs, for a cache that wants_layer_inputs
 
 
 def snapeval_attention(
@@ -41,17 +43,23 @@ def snapeval_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA whose mask and prefill side effects come from the layer's snapeval cache, if it has one."""
+    """SDPA whose mask and prefill side effects come from the layer's snapeval cache, if it has one.
+
+    ``dropout`` may come positionally (kvpress wraps every registered attention function that way)."""
+    kwargs["dropout"] = dropout
     layer_idx = module.layer_idx
     cache = kwargs.pop(CACHE_KWARG, None)
+    inputs = kwargs.pop(INPUTS_KWARG, None)
     if not isinstance(cache, SnapevalCache):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if cache.awaiting_prefill(layer_idx):
         output = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         scaling = kwargs.get("scaling") or module.scaling
-        cache.finish_prefill(layer_idx, query, _valid_columns(attention_mask, key), scaling)
+        valid = _valid_columns(attention_mask, key)
+        cache.finish_prefill(layer_idx, query, valid, scaling, module, inputs)
         return output
     mask = cache.attention_mask(layer_idx, query.shape[2], query.shape[1])
     key = cache.attention_keys(layer_idx, key, module)
@@ -88,11 +96,15 @@ def _rope_inv_freq(model: PreTrainedModel) -> torch.Tensor | None:
 
 def _passing_the_cache(forward: Callable) -> Callable:
     """An attention module's ``forward`` that also hands its ``past_key_values`` to the attention
-    function (transformers passes the module's extra keyword arguments on to it)."""
+    function (transformers passes the module's extra keyword arguments on to it), and, to a cache that
+    ``wants_layer_inputs``, the forward's own keyword inputs (hidden states, position embeddings)."""
 
     @functools.wraps(forward)
     def forward_with_cache(*args, past_key_values=None, **kwargs):
-        return forward(*args, past_key_values=past_key_values, **{CACHE_KWARG: past_key_values}, **kwargs)
+        extra = {CACHE_KWARG: past_key_values}
+        if getattr(past_key_values, "wants_layer_inputs", False):
+            extra[INPUTS_KWARG] = dict(kwargs)
+        return forward(*args, past_key_values=past_key_values, **extra, **kwargs)
 
     setattr(forward_with_cache, CACHE_KWARG, True)
     return forward_with_cache
@@ -103,7 +115,8 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
     attention module's ``forward`` passes its cache on (see the module docstring).
 
     Every attention module also gets the model's RoPE frequencies as ``ROPE_INV_FREQ`` (or None), for
-    caches that re-rotate keys.
+    caches that re-rotate keys, and its rotary embedding module as ``ROTARY_MODULE``, for scorers that
+    rotate queries of their own.
     """
     if not getattr(model, "_supports_attention_backend", False):
         raise SnapevalError(
@@ -116,9 +129,11 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
         if any(t != "full_attention" for t in layer_types):
             raise SnapevalError("models with sliding-window attention layers are not supported yet", "model")
     inv_freq = _rope_inv_freq(model)
+    rotary = getattr(model.get_decoder(), "rotary_emb", None)
     for module in model.modules():
         if hasattr(module, "layer_idx"):
             setattr(module, ROPE_INV_FREQ, inv_freq)
+            vars(module)[ROTARY_MODULE] = rotary  # a plain reference, not a registered submodule
             if not getattr(module.forward, CACHE_KWARG, False):
                 module.forward = _passing_the_cache(module.forward)
     AttentionInterface.register(ATTENTION_NAME, snapeval_attention)

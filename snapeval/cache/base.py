@@ -16,7 +16,9 @@ from __future__ import annotations
 import inspect
 import math
 from abc import abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -47,7 +49,9 @@ class LayerPrompt:
     ``keys``: (batch, kv_heads, L, head_dim) post-RoPE keys; ``query``: (batch, heads, L, head_dim)
     post-RoPE queries; ``valid``: (batch, L) real (non-padding) columns; ``scaling``: the attention scale.
     ``scores``: where scoring keeps what several selections from one prefill share (see
-    :mod:`snapeval.cache.scoring`); a prompt is never changed in place.
+    :mod:`snapeval.cache.scoring`); a prompt is never changed in place. ``values``, the attention
+    ``module`` and its forward's keyword ``inputs`` (``hidden_states``, ``position_embeddings``, ...) are
+    there for methods that score from them (``inputs`` only for a cache with ``wants_layer_inputs``).
     """
 
     keys: torch.Tensor
@@ -55,6 +59,9 @@ class LayerPrompt:
     valid: torch.Tensor
     scaling: float
     scores: dict = field(default_factory=dict)
+    values: torch.Tensor | None = None
+    module: torch.nn.Module | None = None
+    inputs: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def length(self) -> int:
@@ -156,14 +163,18 @@ class KVLayer(CacheLayerMixin):
             return None
         return visible.repeat_interleave(num_heads // visible.shape[1], dim=1)
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.seen + query_length, 0
+    def get_mask_sizes(self, query_length: int | torch.Tensor) -> tuple[int, int]:
+        # transformers < 5.3 passes the query's cache positions, later versions its length
+        length = query_length if isinstance(query_length, int) else query_length.shape[0]
+        return self.seen + length, 0
 
     def get_seq_length(self) -> int:
         return self.seen
 
     def get_max_length(self) -> int:
         return self.capacity or -1
+
+    get_max_cache_shape = get_max_length  # its name in transformers < 5.3
 
     def kv_bytes(self) -> int:
         if self.keys is None:
@@ -191,6 +202,8 @@ class SnapevalCache(Cache):
     """The name in configs and results."""
     label: str = ""
     """The name in figures (the ``method`` if empty)."""
+    wants_layer_inputs = False
+    """True for a method that scores from an attention module's forward inputs (:class:`LayerPrompt`)."""
     selects_before_prefill = False
     """True for a method that chooses which prompt tokens to prefill (:meth:`prefill_input`): its prefill
     is its own, never shared with other settings."""
@@ -226,10 +239,17 @@ class SnapevalCache(Cache):
         return not self.layers[layer_idx].prefilled
 
     def finish_prefill(
-        self, layer_idx: int, query: torch.Tensor, valid: torch.Tensor, scaling: float
+        self,
+        layer_idx: int,
+        query: torch.Tensor,
+        valid: torch.Tensor,
+        scaling: float,
+        module: torch.nn.Module | None = None,
+        inputs: Mapping[str, Any] | None = None,
     ) -> None:
         layer = self.layers[layer_idx]
-        prompt = LayerPrompt(layer.keys, query, valid, scaling)
+        prompt = LayerPrompt(layer.keys, query, valid, scaling, values=layer.values, module=module)
+        prompt.inputs = inputs or {}
         layer.keep(valid, self.select(prompt))
 
     def fill_layer(self, layer_idx: int, prompt: LayerPrompt, values: torch.Tensor) -> None:

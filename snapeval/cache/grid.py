@@ -13,7 +13,8 @@ own (or as one row of a :class:`~snapeval.continuous.ContinuousBatcher`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -33,6 +34,7 @@ class CacheGrid(SnapevalCache):
     def __init__(self, members: Sequence[SnapevalCache]) -> None:
         if not members:
             raise SnapevalError("a cache grid needs at least one member cache", "grid")
+        self.wants_layer_inputs = any(member.wants_layer_inputs for member in members)
         if any(member.selects_before_prefill for member in members):
             raise SnapevalError("a method that chooses what to prefill cannot share a prefill", "grid")
         super().__init__()
@@ -47,10 +49,17 @@ class CacheGrid(SnapevalCache):
         return Selection()
 
     def finish_prefill(
-        self, layer_idx: int, query: torch.Tensor, valid: torch.Tensor, scaling: float
+        self,
+        layer_idx: int,
+        query: torch.Tensor,
+        valid: torch.Tensor,
+        scaling: float,
+        module: torch.nn.Module | None = None,
+        inputs: Mapping[str, Any] | None = None,
     ) -> None:
         layer = self.layers[layer_idx]
-        prompt = LayerPrompt(layer.keys, query, valid, scaling)
+        prompt = LayerPrompt(layer.keys, query, valid, scaling, values=layer.values, module=module)
+        prompt.inputs = inputs or {}
         for member in self.members:
             member.fill_layer(layer_idx, prompt, layer.values)
         layer.keys = layer.values = layer.positions = None  # the members hold what they keep

@@ -173,6 +173,11 @@ class SlotCache:
             return self._rerotated(keys, positions), values
         return keys, values
 
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """What transformers < 5.3 asks before a step (for cache positions that our explicit position ids
+        and mask make unused): rows differ, so there is no one length; 0."""
+        return 0
+
     def end_step(self) -> None:
         """Advance every row's cursor past the token just written."""
         self.ring_next.add_(1).remainder_(self.ring_size)

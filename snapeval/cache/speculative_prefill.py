@@ -102,10 +102,8 @@ class SpeculativePrefillCache(SnapevalCache):
     def select(self, prompt: LayerPrompt) -> Selection:
         return Selection()  # what the target prefilled is what it keeps
 
-    def finish_prefill(
-        self, layer_idx: int, query: torch.Tensor, valid: torch.Tensor, scaling: float
-    ) -> None:
-        super().finish_prefill(layer_idx, query, valid, scaling)
+    def finish_prefill(self, layer_idx: int, *args, **kwargs) -> None:
+        super().finish_prefill(layer_idx, *args, **kwargs)
         if self.columns is not None:  # slots remember their columns in the prompt, not in the kept part
             layer = self.layers[layer_idx]
             columns = torch.tensor(self.columns, device=layer.positions.device)
