@@ -84,7 +84,8 @@ class Answer:
     decode_s: float
     kv_bytes: int  # the row's own slots (a growing method: those it filled)
     ring_wraps: int  # times the row's ring came round to its first slot while decoding
-    kept_histogram: dict[str, list[float]] | None  # compressed methods: share of the prompt held
+    kept_histogram: dict[str, list[float]] | None  # compressed methods: share of the prompt held per bin
+    kept_share: float | None = None  # compressed methods: share of the prompt held
 
 
 @dataclass
@@ -339,7 +340,9 @@ class ContinuousBatcher:
         slot_bytes = self.slots.slot_bytes()
         held = row.slots if row.fixed else row.pinned + row.fed
         prompt_length = len(row.request.prompt_ids)
-        histogram = None if row.method == "full" else self.slots.kept_histogram(index, prompt_length)
+        compressed = row.method != "full"
+        histogram = self.slots.kept_histogram(index, prompt_length) if compressed else None
+        share = self.slots.kept_share(index, prompt_length) if compressed else None
         return Answer(
             row.request,
             row.tokens,
@@ -349,6 +352,7 @@ class ContinuousBatcher:
             kv_bytes=held * slot_bytes,
             ring_wraps=int(self.slots.wraps[index]),
             kept_histogram=histogram,
+            kept_share=share,
         )
 
 

@@ -63,6 +63,7 @@ def sample_row(
     extra["trace"] = trace(tokenizer, first)
     if first.kept_histogram is not None:
         extra["kept_histogram"] = first.kept_histogram
+        extra["kept_share"] = first.kept_share
     if task.answer_pass:
         extra["reasoning"] = answer_text(tokenizer, first)
         extra["calls"] = [_call_record(c) for c in calls]

@@ -118,6 +118,27 @@ def test_a_budget_holding_the_prompt_reproduces_the_full_cache(smollm):
     assert speculative.tokens == full.tokens and cache.columns is None
 
 
+def test_the_runner_stores_the_share_kept_and_the_prefill_seconds_with_the_draft(smollm, tmp_path):
+    from snapeval import runner
+    from snapeval.results import load
+
+    from .conftest import compose_config
+
+    cfg = compose_config(
+        f"db.url={tmp_path / 'db.sqlite'}",
+        "progress=false",
+        "cache=speculative_prefill",
+        "cache.budget=128",
+        "task.context_length=512",
+        "task.limit=2",
+    )
+    [summary] = runner.run(cfg)
+    samples = load(tmp_path / "db.sqlite")
+    for extra, prompt_tokens in zip(samples["extra"], samples["prompt_tokens"], strict=True):
+        assert extra["kept_share"] == pytest.approx(128 / prompt_tokens)
+    assert summary.n == 2 and (samples["prefill_s"] > 0).all()
+
+
 def test_a_missing_draft_and_a_shared_prefill_are_refused(smollm):
     ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": PROMPT}])
     cache = build_cache({"method": "speculative_prefill", "budget": 32, "draft": "qwen2.5-7b-instruct"})

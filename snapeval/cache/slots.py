@@ -204,6 +204,12 @@ class SlotCache:
         """Share of the row's prompt still held per bin of relative position (see the base cache)."""
         return histogram_of_kept(self.row_positions(row)[:, None], prompt_length, bins)
 
+    def kept_share(self, row: int, prompt_length: int) -> float:
+        """Share of the row's prompt tokens it holds, averaged over layers and KV heads."""
+        positions = self.row_positions(row)
+        held = ((positions >= 0) & (positions < prompt_length)).sum().item()
+        return held / (positions.shape[0] * positions.shape[1] * prompt_length)
+
     def slot_bytes(self) -> int:
         """Bytes of keys and values one slot takes in every layer and KV head."""
         keys = self.keys[0]
