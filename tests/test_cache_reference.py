@@ -28,12 +28,10 @@ TOLERANCE = 1e-4
 ROTATED_TOLERANCE = 2e-4  # float32 round-off of the re-rotated sink scores: ~1e-4 measured, 6e-14 in float64
 
 
-def reference_keep(q, k, window, kernel, pooling, gqa_reduce, keep, sinks=0):
-    """Naive SnapKV(+sinks): q (H, L, d), k (Hkv, L, d) of one sequence -> sorted kept columns per KV head."""
+def naive_window_attention(q, k, window):
+    """Per query head, the causal softmax attention of the last ``window`` queries to every column, summed."""
     heads, length, dim = q.shape
-    kv_heads = k.shape[0]
-    group = heads // kv_heads
-    prefix = length - window
+    group = heads // k.shape[0]
     head_scores = []
     for h in range(heads):
         summed = [0.0] * length
@@ -44,6 +42,18 @@ def reference_keep(q, k, window, kernel, pooling, gqa_reduce, keep, sinks=0):
             total = sum(weights)
             for j, w in enumerate(weights):
                 summed[j] += w / total
+        head_scores.append(summed)
+    return head_scores
+
+
+def reference_keep(q, k, window, kernel, pooling, gqa_reduce, keep, sinks=0):
+    """Naive SnapKV(+sinks): q (H, L, d), k (Hkv, L, d) of one sequence -> sorted kept columns per KV head."""
+    heads, length, _ = q.shape
+    kv_heads = k.shape[0]
+    group = heads // kv_heads
+    prefix = length - window
+    head_scores = []
+    for summed in naive_window_attention(q, k, window):
         pooled = []
         for j in range(prefix):
             neighbours = [
@@ -95,19 +105,10 @@ def reference_sage_kv(q, k, sinks, recent, keep, window=1):
     score of a column is the mean over its query heads; candidates exclude the sinks and the last
     ``recent`` columns; ties go to the earlier column.
     """
-    heads, length, dim = q.shape
+    heads, length, _ = q.shape
     kv_heads = k.shape[0]
     group = heads // kv_heads
-    head_scores = []
-    for h in range(heads):
-        summed = [0.0] * length
-        for i in range(length - window, length):
-            logits = [float(q[h, i] @ k[h // group, j]) / math.sqrt(dim) for j in range(i + 1)]
-            top = max(logits)
-            weights = [math.exp(x - top) for x in logits]
-            for j, w in enumerate(weights):
-                summed[j] += w / sum(weights)
-        head_scores.append(summed)
+    head_scores = naive_window_attention(q, k, window)
     kept = []
     for g in range(kv_heads):
         members = head_scores[g * group : (g + 1) * group]

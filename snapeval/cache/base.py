@@ -247,10 +247,23 @@ class SnapevalCache(Cache):
         module: torch.nn.Module | None = None,
         inputs: Mapping[str, Any] | None = None,
     ) -> None:
+        prompt = self.layer_prompt(layer_idx, query, valid, scaling, module, inputs)
+        self.layers[layer_idx].keep(valid, self.select(prompt))
+
+    def layer_prompt(
+        self,
+        layer_idx: int,
+        query: torch.Tensor,
+        valid: torch.Tensor,
+        scaling: float,
+        module: torch.nn.Module | None = None,
+        inputs: Mapping[str, Any] | None = None,
+    ) -> LayerPrompt:
+        """Layer ``layer_idx``'s prompt as its prefill left it, for :meth:`select`."""
         layer = self.layers[layer_idx]
-        prompt = LayerPrompt(layer.keys, query, valid, scaling, values=layer.values, module=module)
-        prompt.inputs = inputs or {}
-        layer.keep(valid, self.select(prompt))
+        return LayerPrompt(
+            layer.keys, query, valid, scaling, values=layer.values, module=module, inputs=inputs or {}
+        )
 
     def fill_layer(self, layer_idx: int, prompt: LayerPrompt, values: torch.Tensor) -> None:
         """Prefill and compress ``layer_idx`` from a prefill computed elsewhere (a shared one, see

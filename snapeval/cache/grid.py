@@ -13,8 +13,7 @@ own (or as one row of a :class:`~snapeval.continuous.ContinuousBatcher`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 
@@ -48,18 +47,9 @@ class CacheGrid(SnapevalCache):
     def select(self, prompt: LayerPrompt) -> Selection:
         return Selection()
 
-    def finish_prefill(
-        self,
-        layer_idx: int,
-        query: torch.Tensor,
-        valid: torch.Tensor,
-        scaling: float,
-        module: torch.nn.Module | None = None,
-        inputs: Mapping[str, Any] | None = None,
-    ) -> None:
+    def finish_prefill(self, layer_idx: int, *args, **kwargs) -> None:
         layer = self.layers[layer_idx]
-        prompt = LayerPrompt(layer.keys, query, valid, scaling, values=layer.values, module=module)
-        prompt.inputs = inputs or {}
+        prompt = self.layer_prompt(layer_idx, *args, **kwargs)
         for member in self.members:
             member.fill_layer(layer_idx, prompt, layer.values)
         layer.keys = layer.values = layer.positions = None  # the members hold what they keep
