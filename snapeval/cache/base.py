@@ -238,17 +238,10 @@ class SnapevalCache(Cache):
     def awaiting_prefill(self, layer_idx: int) -> bool:
         return not self.layers[layer_idx].prefilled
 
-    def finish_prefill(
-        self,
-        layer_idx: int,
-        query: torch.Tensor,
-        valid: torch.Tensor,
-        scaling: float,
-        module: torch.nn.Module | None = None,
-        inputs: Mapping[str, Any] | None = None,
-    ) -> None:
-        prompt = self.layer_prompt(layer_idx, query, valid, scaling, module, inputs)
-        self.layers[layer_idx].keep(valid, self.select(prompt))
+    def finish_prefill(self, layer_idx: int, *args, **kwargs) -> None:
+        """Compress ``layer_idx`` right after its prefill attention (arguments: :meth:`layer_prompt`'s)."""
+        prompt = self.layer_prompt(layer_idx, *args, **kwargs)
+        self.layers[layer_idx].keep(prompt.valid, self.select(prompt))
 
     def layer_prompt(
         self,
