@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from snapeval.cache import SnapevalCache, build_cache
+from snapeval.cache import SnapevalCache, build_cache, method_class
 from snapeval.cache.grid import CacheGrid
 from snapeval.cache.slots import SlotCache, rerotates
 from snapeval.errors import SnapevalError
@@ -64,7 +64,11 @@ class Request:
     def prefill_key(self) -> tuple:
         """Requests with equal keys share one prefill, whatever their cache settings (except a method
         that chooses what to prefill: its prefill is its own)."""
-        own = build_cache(self.cache, strict=False).selects_before_prefill
+        return self._prefill_key
+
+    @cached_property
+    def _prefill_key(self) -> tuple:
+        own = method_class(self.cache.get("method")).selects_before_prefill
         return (self.prompt_ids, self.compress_at, self.setting if own else None)
 
     @cached_property
