@@ -1,7 +1,8 @@
 """``python -m snapeval [overrides]``: the Hydra front door. Thin: check the config, call the runner.
 
-A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``) is refused in one line
-with exit code 2 before torch and transformers load (:mod:`snapeval.schema`).
+A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``), or a database that
+cannot be used (``db.url``), is refused in one line with exit code 2 before torch and transformers load
+(:mod:`snapeval.schema`). Ctrl-C or SIGTERM ends the run as ``interrupted`` (exit 130 or 143).
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ def main(cfg: DictConfig) -> None:
         from snapeval.runner import format_summary, run
 
         summaries = run(config)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.workers.Terminated)
+        print(
+            "interrupted: every sample stored so far is kept; the same command resumes the run",
+            file=sys.stderr,
+        )
+        sys.exit(143 if type(exc).__name__ == "Terminated" else 130)
     except SnapevalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         if multirun:
@@ -50,7 +57,11 @@ def check_before_hydra(overrides: list[str]) -> None:
     sweep (``-m``) or Hydra flags go straight to Hydra, whose runner records each bad point as failed."""
     schema.check_choices(overrides)
     if not any(o.startswith(("-", "hydra")) for o in overrides):
-        schema.check(compose_config(*overrides))
+        config = compose_config(*overrides)
+        schema.check(config)
+        from snapeval.results import ResultsDB  # the database opens (or fails on db.url) in a second
+
+        ResultsDB(config["db"]["url"]).close()
 
 
 if __name__ == "__main__":

@@ -206,11 +206,18 @@ class ContinuousBatcher:
     # --- the run ---------------------------------------------------------------------------------
     @torch.no_grad()
     def run(
-        self, requests: Iterable[Request], on_answer: Callable[[Answer], Iterable[Request] | None]
+        self,
+        requests: Iterable[Request],
+        on_answer: Callable[[Answer], Iterable[Request] | None],
+        more: Callable[[], Iterable[Request]] | None = None,
     ) -> None:
         """Answer every request; ``on_answer`` gets each answer as soon as its row stops and may return
-        follow-up requests (a second pass), which are answered next."""
+        follow-up requests (a second pass), which are answered next. ``more``, when given, is asked for
+        further requests whenever the queue runs dry and a row is free (the runner claims samples from
+        the database as it goes), until it returns none."""
         queue = deque(requests)
+        if not queue and more is not None:
+            queue.extend(more())
         if not queue:
             return
         device = self.model.device
@@ -226,23 +233,37 @@ class ContinuousBatcher:
         rows: list[_Row | None] = [None] * self.rows
         live: dict[tuple, _Prefill] = {}  # prompts with requests still to admit
 
+        def enqueue(added: list[Request], first: bool) -> None:
+            for request in added:
+                shares[request.prefill_key()] += 1
+                state.note(request.sampling)
+                self.slots.any_rerotate |= rerotates(build_cache(request.cache, strict=False))
+            if added and (needed := max(map(self._slots_needed, added))) > self.slots.capacity:
+                self.slots = self.slots.grown(needed)  # rare: a request longer than any reserved for
+                _pin_for_cuda_graphs(self.slots.tensors())
+            if first:
+                queue.extendleft(reversed(added))
+            else:
+                queue.extend(added)
+
         def finish(index: int, stopped: str) -> None:
             row = rows[index]
             rows[index] = None
             answer = self._answer(index, row, stopped)
-            follow_ups = list(on_answer(answer) or [])
-            for request in follow_ups:
-                shares[request.prefill_key()] += 1
-                state.note(request.sampling)
-            if follow_ups and (needed := max(map(self._slots_needed, follow_ups))) > self.slots.capacity:
-                self.slots = self.slots.grown(needed)  # rare: a second pass longer than any first one
-                _pin_for_cuda_graphs(self.slots.tensors())
-            queue.extendleft(reversed(follow_ups))
+            enqueue(list(on_answer(answer) or []), first=True)
+
+        def pending() -> bool:
+            """Whether a request waits, asking ``more`` for some when the queue is dry (until it has none)."""
+            nonlocal more
+            if not queue and more is not None:
+                enqueue(list(more()), first=False)
+                more = more if queue else None
+            return bool(queue)
 
         while True:
             admit = self.refill or all(row is None for row in rows)
             for index in range(self.rows):
-                while admit and rows[index] is None and queue:
+                while admit and rows[index] is None and pending():
                     request = queue.popleft()
                     key, setting = request.prefill_key(), request.setting
                     prefill = live.setdefault(key, _Prefill())
@@ -266,7 +287,7 @@ class ContinuousBatcher:
                         tokens[index] = first
             active = [index for index, row in enumerate(rows) if row is not None]
             if not active:
-                if queue:
+                if pending():
                     continue
                 break
             start = time.perf_counter()

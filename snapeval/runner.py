@@ -13,7 +13,7 @@ import sys
 import zlib
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tabulate import tabulate
@@ -27,9 +27,11 @@ from snapeval.grid import check_grid, grid_points, shares_prefill
 from snapeval.models import ModelSpec, attach_drafts, check_device, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window, truncate_content
 from snapeval.records import answer_text, sample_row
-from snapeval.results import ResultsDB, config_hash, summary_of
+from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, summary_of
+from snapeval.results.leases import Lease
 from snapeval.sampling import Sampling
 from snapeval.tasks import AnswerPass, Prompt, Task, load_task
+from snapeval.workers import ClaimingFeed, shard, stored_in, terminate_as_interrupt
 
 #: Config keys that say how or where to run, not what: never stored, never hashed.
 NOT_STORED = ("db", "hydra", "memory", "job", "grid")
@@ -52,6 +54,7 @@ class RunSummary:
     prefill_s: float
     decode_tok_s: float
     computed: int
+    elsewhere: int  # samples this run left to other workers on the same point (they held its claims)
     pass_at: dict[str, float]  # pass@k for the k that the draws per problem allow (stats.pass_at)
 
 
@@ -115,11 +118,14 @@ def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
         spec = ModelSpec.from_config(cfg["model"])
         task = load_task(cfg["task"], cfg["seed"])
         prompts = task.prompts(load_tokenizer(spec))[: cfg["task"].get("limit")]
-        prompts = draws(prompts, cfg["generation"]["num_samples"])
-        points = _start_points(db, configs, prompts)
+        prompts = shard(draws(prompts, cfg["generation"]["num_samples"]), cfg["task"].get("shard"))
+        lease_s = cfg["db"].get("lease_s", DEFAULT_LEASE_S)
+        points = _start_points(db, configs, prompts, lease_s)
+        run_ids = [point.run_id for point in points]
         try:
-            if any(point.todo for point in points):
-                _evaluate(cfg, spec, task, prompts, points, db)
+            with terminate_as_interrupt(), Lease(lambda: db.renew(run_ids, lease_s), lease_s):
+                if any(point.todo for point in points):
+                    _evaluate(cfg, spec, task, prompts, points, db)
         except KeyboardInterrupt:
             for point in points:
                 db.finish_run(point.run_id, "interrupted")
@@ -139,12 +145,15 @@ def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
 
 @dataclass
 class _Point:
-    """One cache setting of a run: its stored config, hash and run, and the samples it still lacks."""
+    """One cache setting of a run: its stored config, hash and run, the samples it lacked at the start,
+    those this worker claimed (the others' claims it leaves alone) and how many it stored."""
 
     config: dict[str, Any]
     digest: str
     run_id: int
     todo: set[str]
+    claimed: set[str] = field(default_factory=set)
+    stored: int = 0
 
 
 def _record_failure(db: ResultsDB, cfg: Mapping[str, Any], exc: SnapevalError) -> None:
@@ -162,7 +171,9 @@ def _points_or_fail(db: ResultsDB, cfg: Mapping[str, Any]) -> list[dict[str, Any
         raise
 
 
-def _start_points(db: ResultsDB, configs: list[dict[str, Any]], prompts: list[Prompt]) -> list[_Point]:
+def _start_points(
+    db: ResultsDB, configs: list[dict[str, Any]], prompts: list[Prompt], lease_s: float
+) -> list[_Point]:
     """A started run per distinct config, the full cache's first (its outputs are the others' reference)."""
     points: dict[str, _Point] = {}
     for config in sorted(configs, key=lambda config: config["cache"]["method"] != "full"):
@@ -170,7 +181,7 @@ def _start_points(db: ResultsDB, configs: list[dict[str, Any]], prompts: list[Pr
         if digest not in points:
             done = db.done_sample_ids(digest)
             todo = {prompt.id for prompt in prompts if prompt.id not in done}
-            points[digest] = _Point(config, digest, db.start_run(config, digest), todo)
+            points[digest] = _Point(config, digest, db.start_run(config, digest, lease_s), todo)
     return list(points.values())
 
 
@@ -236,7 +247,12 @@ def _evaluate(
     )
 
     def store(point: _Point, prompt: Prompt, calls: list[Answer]) -> None:
-        if point is not full and full is not None and prompt.id in full.todo and prompt.id not in reference:
+        if (
+            point is not full
+            and full is not None
+            and prompt.id in full.claimed
+            and prompt.id not in reference
+        ):
             awaiting[prompt.id].append((point, prompt, calls))
             return
         known = None if point is full else reference.get(prompt.id)
@@ -257,23 +273,31 @@ def _evaluate(
         store(point, prompt, calls)
         return []
 
-    batcher = ContinuousBatcher(model, generation_cfg["batch_size"], generation_cfg["compile"])
+    batch_size, lease_s = generation_cfg["batch_size"], cfg["db"].get("lease_s", DEFAULT_LEASE_S)
+    batcher = ContinuousBatcher(model, batch_size, generation_cfg["compile"])
     for group in [points] if shares_prefill(cfg) else [[point] for point in points]:
-        batcher.run(
-            [
-                request(point, prompt, prompt.messages, max_new_tokens, [])
-                for prompt in prompts
-                for point in group
-                if prompt.id in point.todo
-            ],
-            on_answer,
-        )
+        queued = [
+            request(point, prompt, prompt.messages, max_new_tokens, [])
+            for prompt in prompts
+            for point in group
+            if prompt.id in point.todo
+        ]
+        if not queued:
+            continue
+        batcher.reserve(queued)  # for all of them: claiming as it goes never resizes the compiled step
+        while queued:
+            feed = ClaimingFeed(db, queued, batch_size, lease_s)
+            batcher.run([], on_answer, more=feed.next)
+            if not feed.claimed_any:
+                break  # the rest is claimed by live workers: theirs to store
+            done = {point.digest: db.done_sample_ids(point.digest) for point in group}
+            queued = [queued_request for queued_request in queued if not stored_in(queued_request, done)]
     progress.close()
 
 
 def _store(db: ResultsDB, point: _Point, row: dict[str, Any]) -> None:
     """Commit one scored sample to its point's run."""
-    db.add_sample(point.run_id, point.digest, row)
+    point.stored += db.add_sample(point.run_id, point.digest, row)
 
 
 def _stop_ids(*ids: int | list[int] | None) -> set[int]:
@@ -285,7 +309,7 @@ def _stop_ids(*ids: int | list[int] | None) -> set[int]:
 
 
 def _summarize(point: _Point, rows: list[dict[str, Any]]) -> RunSummary:
-    if not rows:
+    if not rows and not point.todo:
         raise SnapevalError("no samples were evaluated", "task.limit")
     summary = summary_of(rows)
     return RunSummary(
@@ -299,7 +323,8 @@ def _summarize(point: _Point, rows: list[dict[str, Any]]) -> RunSummary:
         kv_mib=summary["kv_mib"],
         prefill_s=summary["prefill_s"],
         decode_tok_s=summary["decode_tok_s"],
-        computed=len(point.todo),
+        computed=point.stored,
+        elsewhere=len(point.todo - point.claimed),
         pass_at={key: value for key, value in summary.items() if key.startswith("pass@")},
     )
 
@@ -332,4 +357,10 @@ def format_summary(summaries: list[RunSummary]) -> str:
                 "decode tok/s": f"{summary.decode_tok_s:.1f}",
             }
         )
-    return tabulate(rows, headers="keys", tablefmt="github")
+    table = tabulate(rows, headers="keys", tablefmt="github")
+    if elsewhere := sum(summary.elsewhere for summary in summaries):
+        table += (
+            f"\n{elsewhere} sample(s) were claimed by other workers on the same point(s): see their output"
+        )
+        table += ", or python -m snapeval.results summary once they finish"
+    return table

@@ -66,6 +66,14 @@ def device(value: Any) -> str | None:
     return None if ok else "auto, cpu, mps, cuda or cuda:N"
 
 
+def shard(value: Any) -> str | None:
+    """``i/n`` with 0 <= i < n, or null."""
+    match = re.fullmatch(r"(\d+)/(\d+)", str(value)) if value is not None else None
+    if value is None or (match and int(match[1]) < int(match[2])):
+        return None
+    return "i/n with 0 <= i < n (say 0/4), or null"
+
+
 boolean = choice(True, False)
 text: Check = lambda value: None if isinstance(value, str) else "a string"  # noqa: E731
 
@@ -82,6 +90,7 @@ FIELDS: dict[str, Check] = {
     "generation.compile": choice("auto", "on", "off"),
     "task.name": text,
     "task.limit": integer(optional=True),
+    "task.shard": shard,
     "task.max_new_tokens": integer(),
     "task.max_prompt_tokens": integer(optional=True),
     "task.context_length": integer(low=16),
@@ -95,6 +104,7 @@ FIELDS: dict[str, Check] = {
     "model.dtype": choice("auto", "float32", "bfloat16", "float16"),
     "model.device": device,
     "db.url": text,
+    "db.lease_s": integer(low=4),
 }
 
 

@@ -206,6 +206,7 @@ def test_cli_summary_and_export(tmp_path, config):
         run_id = db.start_run(config, digest)
         for sample_id, score in enumerate([1.0, 1.0, 1.0, 0.0]):
             db.add_sample(run_id, digest, sample(sample_id, score, target=["x"], decode_s=1.0))
+        db.finish_run(run_id)
 
     summary = cli("summary", cwd=tmp_path)
     assert summary.returncode == 0, summary.stderr
@@ -252,13 +253,16 @@ def test_summary_never_pools_experiments_that_differ_outside_the_aliases(tmp_pat
             run_id = db.start_run(sampled, digest)
             for index, score in enumerate(scores):
                 db.add_sample(run_id, digest, sample(index, score))
+            db.finish_run(run_id)
         again = {
             **config,
             "task": {**config["task"], "limit": 9},
             "generation": {"do_sample": True, "temperature": 0.2},
         }
         digest = config_hash(again)
-        db.add_sample(db.start_run(again, digest), digest, sample(5, 0.0))
+        run_id = db.start_run(again, digest)
+        db.add_sample(run_id, digest, sample(5, 0.0))
+        db.finish_run(run_id)
     table = summarize(load(tmp_path / DEFAULT_DB))
     assert list(table["generation.temperature"]) == [0.2, 0.6, 1.0]
     assert list(table["n"]) == [3, 2, 2] and list(table["accuracy"]) == pytest.approx([2 / 3, 0.5, 0.0])

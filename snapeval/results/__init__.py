@@ -7,22 +7,21 @@ keyed by the hash of the run's config (:func:`config_hash`), so an interrupted o
 resumes from the samples already stored. Memory estimates (``job=memory``) go in their own table,
 one row per memory config (:meth:`ResultsDB.add_memory_estimate`, :func:`load_memory`).
 
+Several workers share one database: each claims the samples it evaluates (claims expire when a worker
+dies), so workers on one point split its samples, and a run whose worker is gone shows as ``stale``.
+
 The package is split by concern: :mod:`~snapeval.results.schema` (tables),
+:mod:`~snapeval.results.connect` (URLs, opening, errors on ``db.url``),
 :mod:`~snapeval.results.identity` (config hash, provenance), :mod:`~snapeval.results.store` (writes,
-resume, loading) and :mod:`~snapeval.results.summary` (accuracy and speed per experiment).
+claims, resume, loading), :mod:`~snapeval.results.leases` (heartbeats, stale runs) and
+:mod:`~snapeval.results.summary` (accuracy and speed per experiment).
 """
 
+from snapeval.results.connect import DB_ENV_VAR, DEFAULT_DB, database_url, sqlite_path
 from snapeval.results.identity import ALIASES, DEFAULT_IGNORED, config_hash, flatten
+from snapeval.results.leases import DEFAULT_LEASE_S
 from snapeval.results.schema import RUN_STATUSES, RunStatus
-from snapeval.results.store import (
-    DB_ENV_VAR,
-    DEFAULT_DB,
-    ResultsDB,
-    database_url,
-    load,
-    load_memory,
-    sqlite_path,
-)
+from snapeval.results.store import ResultsDB, load, load_memory
 from snapeval.results.summary import (
     config_columns,
     experiment_keys,
@@ -37,6 +36,7 @@ __all__ = [
     "DB_ENV_VAR",
     "DEFAULT_DB",
     "DEFAULT_IGNORED",
+    "DEFAULT_LEASE_S",
     "RUN_STATUSES",
     "ResultsDB",
     "RunStatus",

@@ -1,5 +1,8 @@
 """Read the results database: ``python -m snapeval.results summary|export|migrate``.
 
+``summary`` also lists the runs that are not finished: running, ``stale`` (its worker is gone: killed,
+or its node lost), interrupted or failed and not finished since.
+
 ``migrate`` brings a database written by an older snapeval to today's configs (retired config keys
 dropped, runs and samples re-keyed), so that its runs resume.
 
@@ -18,7 +21,8 @@ import pandas as pd
 from tabulate import tabulate
 
 from snapeval.errors import SnapevalError
-from snapeval.results import DB_ENV_VAR, DEFAULT_DB, ResultsDB, load, summarize
+from snapeval.results import DB_ENV_VAR, DEFAULT_DB, ResultsDB, summarize
+from snapeval.results.leases import needing_attention
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,19 +43,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_summary(df: pd.DataFrame) -> None:
+def _print_summary(df: pd.DataFrame, states: list[dict]) -> None:
     if df.empty:
         print("no samples stored yet")
-        return
-    print(
-        tabulate(
-            display_table(summarize(df)),
-            headers="keys",
-            tablefmt="github",
-            showindex=False,
-            disable_numparse=True,
+    else:
+        table = display_table(summarize(df))
+        print(tabulate(table, headers="keys", tablefmt="github", showindex=False, disable_numparse=True))
+    if attention := needing_attention(states):
+        print(
+            f"\n{len(attention)} run(s) not finished (stale: its worker is gone; the same command resumes):"
         )
-    )
+        print(tabulate(_runs_table(attention), headers="keys", tablefmt="github", showindex=False))
+
+
+def _runs_table(states: list[dict]) -> pd.DataFrame:
+    """Unfinished runs, one line each: what ran, where, since when, and how it stands."""
+    columns = ["id", "status", "model", "task", "method", "shard", "hostname", "pid", "created_at", "error"]
+    table = pd.DataFrame.from_records(states, columns=columns).rename(columns={"id": "run"})
+    table["created_at"] = table["created_at"].map(lambda when: f"{when:%Y-%m-%d %H:%M}")
+    table["error"] = table["error"].fillna("").str.slice(0, 60)
+    return table.fillna("-")
 
 
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -86,15 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "migrate":
-            with ResultsDB(args.db, must_exist=True) as db:
+            with ResultsDB(args.db, must_exist=True, field="--db") as db:
                 print(f"migrated {db.migrate()} run(s)")
             return 0
-        df = load(args.db)
+        with ResultsDB(args.db, must_exist=True, writable=False, field="--db") as db:
+            df, states = db.dataframe(), db.run_states()
     except SnapevalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.command == "summary":
-        _print_summary(df)
+        _print_summary(df, states)
     else:
         _export(df, args.csv)
     return 0

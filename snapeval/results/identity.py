@@ -15,15 +15,17 @@ from typing import Any
 
 #: Config keys (dotted paths) that do not change what a sample's result is, left out of
 #: :func:`config_hash`: where results go, Hydra's own settings, progress display, the memory
-#: estimator's settings, and ``task.limit`` so that a run with a larger limit reuses the samples
-#: of a smaller one, and how answers are decoded (``generation.batch_size``, ``compile``; the retired
-#: ``draw_batch``): every path gives the same answers.
+#: estimator's settings, ``task.limit`` so that a run with a larger limit reuses the samples
+#: of a smaller one, ``task.shard`` so that the shards of a point fill one point, and how answers
+#: are decoded (``generation.batch_size``, ``compile``; the retired ``draw_batch``): every path
+#: gives the same answers.
 DEFAULT_IGNORED: tuple[str, ...] = (
     "db",
     "hydra",
     "progress",
     "memory",
     "task.limit",
+    "task.shard",
     "generation.draw_batch",
     "generation.batch_size",
     "generation.compile",

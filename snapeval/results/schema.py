@@ -1,4 +1,9 @@
-"""The results database's tables: runs, their scored samples, and memory estimates."""
+"""The results database's tables: runs, their scored samples, the claims of workers on samples, and
+memory estimates.
+
+A running run renews ``expires_at`` while its worker lives (:class:`snapeval.results.leases.Lease`); a
+``running`` run past it, or whose process on this host is gone, is shown as ``stale``. A claim keeps
+other workers off a sample until it is stored or its expiry passes (the worker died)."""
 
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ runs = Table(
     Column("git_sha", String(40)),
     Column("versions", JSON(none_as_null=True)),
     Column("hostname", String(255)),
+    Column("pid", Integer),
+    Column("expires_at", DateTime(timezone=True)),  # the worker's heartbeat: renewed while it runs
     Column("config", JSON(none_as_null=True), nullable=False),
     Column("config_hash", String(64), nullable=False, index=True),
     Column("model", String(255)),
@@ -66,6 +73,15 @@ samples = Table(
     Column("extra", JSON(none_as_null=True)),
     Column("created_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("config_hash", "sample_id", name="uq_samples_config_sample"),
+)
+
+claims = Table(
+    "claims",
+    metadata,
+    Column("config_hash", String(64), primary_key=True),
+    Column("sample_id", String(255), primary_key=True),
+    Column("run_id", Integer, ForeignKey("runs.id"), nullable=False, index=True),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
 )
 
 memory_estimates = Table(

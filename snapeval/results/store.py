@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
-from datetime import datetime, timezone
-from pathlib import Path
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, create_engine, delete, event, make_url, select, update
+from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.schema import CreateIndex, CreateTable
 
-from snapeval.errors import SnapevalError
+from snapeval.results.connect import database_url, open_engine
 from snapeval.results.identity import (
     ALIASES,
     config_hash,
@@ -24,71 +22,28 @@ from snapeval.results.identity import (
     package_versions,
     without_retired_keys,
 )
-from snapeval.results.schema import RunStatus, memory_estimates, metadata, runs, samples
-
-DEFAULT_DB = Path("results/snapeval.sqlite")
-DB_ENV_VAR = "SNAPEVAL_DB"
-BUSY_TIMEOUT_MS = 30_000
+from snapeval.results.leases import DEFAULT_LEASE_S, expiry, run_state, utcnow, worker_gone
+from snapeval.results.schema import RunStatus, claims, memory_estimates, runs, samples
 
 #: The supported databases, with their INSERT that can skip or replace a row already stored.
 _INSERT_ON_CONFLICT = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 
 
-def database_url(url_or_path: str | os.PathLike[str] | None = None) -> str:
-    """A SQLAlchemy URL as is; a plain path as SQLite there; None as ``$SNAPEVAL_DB`` or the default."""
-    if url_or_path is None:
-        url_or_path = os.environ.get(DB_ENV_VAR, DEFAULT_DB)
-    text = os.fspath(url_or_path)
-    return text if "://" in text else f"sqlite:///{text}"
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The file of a file-backed SQLite URL, else None."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    return Path(parsed.database)
-
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # before WAL, which may wait on a lock
-    cursor.execute("PRAGMA journal_mode = WAL")
-    cursor.execute("PRAGMA foreign_keys = ON")
-    cursor.close()
-
-
 class ResultsDB:
     """Runs and their samples. Each write commits at once, so a killed run keeps what it stored."""
 
-    def __init__(self, url: str | os.PathLike[str] | None = None, *, must_exist: bool = False):
-        """Open (and create, unless ``must_exist``) the database at ``url``; see :func:`database_url`."""
+    def __init__(
+        self,
+        url: str | os.PathLike[str] | None = None,
+        *,
+        must_exist: bool = False,
+        writable: bool = True,
+        field: str = "db.url",
+    ):
+        """Open (and create, unless ``must_exist``) the database at ``url`` (see :func:`database_url`),
+        proven writable unless ``writable`` is false; a failure is a :class:`SnapevalError` on ``field``."""
         self.url = database_url(url)
-        path = sqlite_path(self.url)
-        if path is not None:
-            if must_exist and not path.is_file():
-                raise SnapevalError(f"no results database at {path}; run python -m snapeval first")
-            path.parent.mkdir(parents=True, exist_ok=True)
-        self.engine: Engine = create_engine(self.url)
-        if self.engine.dialect.name not in _INSERT_ON_CONFLICT:
-            raise SnapevalError(
-                f"unsupported database {self.engine.dialect.name!r}; use SQLite or PostgreSQL"
-            )
-        if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _configure_sqlite)
-        self._create_schema()
-
-    def _create_schema(self) -> None:
-        # IF NOT EXISTS: several processes may open a new database at the same moment.
-        with self.engine.begin() as conn:
-            for table in metadata.sorted_tables:
-                conn.execute(CreateTable(table, if_not_exists=True))
-                for index in table.indexes:
-                    conn.execute(CreateIndex(index, if_not_exists=True))
+        self.engine: Engine = open_engine(self.url, must_exist=must_exist, writable=writable, field=field)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -99,15 +54,18 @@ class ResultsDB:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def start_run(self, config: Mapping[str, Any], config_hash: str) -> int:
-        """Record a new running run of ``config`` with its provenance; return its id."""
+    def start_run(self, config: Mapping[str, Any], config_hash: str, lease_s: float = DEFAULT_LEASE_S) -> int:
+        """Record a new running run of ``config`` with its provenance (alive for ``lease_s`` unless
+        renewed, see :class:`~snapeval.results.leases.Lease`); return its id."""
         flat = flatten(config)
         values = {
-            "created_at": _utcnow(),
+            "created_at": utcnow(),
             "status": "running",
             "git_sha": git_sha(),
             "versions": package_versions(),
             "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "expires_at": expiry(lease_s),
             "config": dict(config),
             "config_hash": config_hash,
             "model": flat.get(ALIASES["model"]),
@@ -118,10 +76,67 @@ class ResultsDB:
             return conn.execute(runs.insert().values(values)).inserted_primary_key[0]
 
     def finish_run(self, run_id: int, status: RunStatus = "finished", error: str | None = None) -> None:
-        """Close a run with its final status (and error message, if it failed)."""
-        values = {"status": status, "error": error, "finished_at": _utcnow()}
+        """Close a run with its final status (and error message, if it failed); drop its claims."""
+        values = {"status": status, "error": error, "finished_at": utcnow()}
         with self.engine.begin() as conn:
             conn.execute(update(runs).where(runs.c.id == run_id).values(values))
+            conn.execute(delete(claims).where(claims.c.run_id == run_id))
+
+    def claim(self, config_hash: str, sample_ids: Iterable[str], run_id: int, lease_s: float) -> set[str]:
+        """Claim for ``run_id`` those of ``sample_ids`` that are neither stored nor claimed by a live
+        worker (claims expire after ``lease_s`` unless renewed); return the ones this run now holds."""
+        ids = [str(sample_id) for sample_id in sample_ids]
+        if not ids:
+            return set()
+        now = utcnow()
+        held = (claims.c.config_hash == config_hash) & claims.c.sample_id.in_(ids)
+        holders = select(runs.c.id, runs.c.hostname, runs.c.pid).where(
+            runs.c.id.in_(select(claims.c.run_id).where(held))
+        )
+        with self.engine.connect() as conn:
+            gone = [run.id for run in conn.execute(holders) if worker_gone(run.hostname, run.pid)]
+        rows = [
+            {"config_hash": config_hash, "sample_id": i, "run_id": run_id, "expires_at": expiry(lease_s)}
+            for i in ids
+        ]
+        stored = select(samples.c.sample_id).where(
+            samples.c.config_hash == config_hash, samples.c.sample_id.in_(ids)
+        )
+        with self.engine.begin() as conn:  # a write first: SQLite takes its write lock before any read
+            conn.execute(
+                delete(claims).where(held & ((claims.c.expires_at < now) | claims.c.run_id.in_(gone)))
+            )
+            insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](claims)
+            conn.execute(insert.on_conflict_do_nothing(), rows)
+            mine = set(
+                conn.execute(select(claims.c.sample_id).where(held & (claims.c.run_id == run_id))).scalars()
+            )
+            return mine - set(conn.execute(stored).scalars())
+
+    def renew(self, run_ids: Iterable[int], lease_s: float) -> None:
+        """Heartbeat: keep the running runs ``run_ids`` and their claims alive for another ``lease_s``."""
+        ids, until = list(run_ids), expiry(lease_s)
+        with self.engine.begin() as conn:
+            alive = runs.c.id.in_(ids) & (runs.c.status == "running")
+            conn.execute(update(runs).where(alive).values(expires_at=until))
+            conn.execute(update(claims).where(claims.c.run_id.in_(ids)).values(expires_at=until))
+
+    def run_states(self) -> list[dict[str, Any]]:
+        """Every run (id, config hash, model, task, method, host, pid, created, shard, status, error),
+        oldest first, its status ``stale`` where it runs but its worker is gone (:func:`run_state`)."""
+        columns = ("id", "config_hash", "model", "task", "method", "hostname", "pid", "created_at")
+        query = select(*(runs.c[name] for name in columns), runs.c.status, runs.c.expires_at, runs.c.error)
+        with self.engine.connect() as conn:
+            stored = conn.execute(query.add_columns(runs.c.config).order_by(runs.c.id)).mappings().all()
+        now = utcnow()
+        return [
+            {
+                **{k: v for k, v in run.items() if k != "config"},
+                "shard": (run["config"].get("task") or {}).get("shard"),
+                "status": run_state(run, now),
+            }
+            for run in stored
+        ]
 
     def add_sample(self, run_id: int, config_hash: str, row: Mapping[str, Any]) -> bool:
         """Store one scored sample (keys: the ``samples`` columns); False if it was already stored.
@@ -133,11 +148,13 @@ class ResultsDB:
             "sample_id": str(row["sample_id"]),
             "run_id": run_id,
             "config_hash": config_hash,
-            "created_at": _utcnow(),
+            "created_at": utcnow(),
         }
         insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](samples).values(values)
+        claim = (claims.c.config_hash == config_hash) & (claims.c.sample_id == values["sample_id"])
         with self.engine.begin() as conn:
             result = conn.execute(insert.on_conflict_do_nothing(index_elements=["config_hash", "sample_id"]))
+            conn.execute(delete(claims).where(claim))
         return result.rowcount == 1
 
     def migrate(self) -> int:
@@ -193,7 +210,7 @@ class ResultsDB:
             "config_hash": config_hash(config, ignore=()),
             "config": dict(config),
             "estimate": dict(row),
-            "estimated_at": _utcnow(),
+            "estimated_at": utcnow(),
         }
         insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](memory_estimates).values(values)
         replace = {key: insert.excluded[key] for key in ("config", "estimate", "estimated_at")}
@@ -228,11 +245,11 @@ def _sample_columns(sample: Mapping[str, Any]) -> dict[str, Any]:
 
 def load(url_or_path: str | os.PathLike[str] | None = None) -> pd.DataFrame:
     """All samples of an existing database as a DataFrame; see :meth:`ResultsDB.dataframe`."""
-    with ResultsDB(url_or_path, must_exist=True) as db:
+    with ResultsDB(url_or_path, must_exist=True, writable=False) as db:
         return db.dataframe()
 
 
 def load_memory(url_or_path: str | os.PathLike[str] | None = None) -> pd.DataFrame:
     """All memory estimates of an existing database as a DataFrame; see :meth:`ResultsDB.memory_dataframe`."""
-    with ResultsDB(url_or_path, must_exist=True) as db:
+    with ResultsDB(url_or_path, must_exist=True, writable=False) as db:
         return db.memory_dataframe()

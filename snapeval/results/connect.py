@@ -1,0 +1,136 @@
+"""Opening the results database: the URL a user gives, the engine, its schema, and one clear line
+(naming ``db.url``) for every way opening can fail.
+
+SQLite runs in WAL mode with a busy timeout, so that several local workers (a Hydra multirun with the
+joblib launcher) write to one file at once. ``postgresql://`` URLs use psycopg 3, shipped with
+``pip install "snapeval[cluster]"``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, delete, event, false, inspect, make_url, text
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+from snapeval.errors import SnapevalError
+from snapeval.results.schema import memory_estimates, metadata
+
+DEFAULT_DB = Path("results/snapeval.sqlite")
+DB_ENV_VAR = "SNAPEVAL_DB"
+BUSY_TIMEOUT_MS = 30_000
+CONNECT_TIMEOUT_S = 10
+SUPPORTED_DIALECTS = ("sqlite", "postgresql")
+FIELD = "db.url"
+
+
+def database_url(url_or_path: str | os.PathLike[str] | None = None) -> str:
+    """A SQLAlchemy URL as is (``postgresql://`` with the psycopg 3 driver); a plain path as SQLite there;
+    None as ``$SNAPEVAL_DB`` or the default."""
+    if url_or_path is None:
+        url_or_path = os.environ.get(DB_ENV_VAR, DEFAULT_DB)
+    url = os.fspath(url_or_path)
+    if "://" not in url:
+        return f"sqlite:///{url}"
+    scheme, rest = url.split("://", 1)
+    return f"postgresql+psycopg://{rest}" if scheme in ("postgresql", "postgres") else url
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a file-backed SQLite URL, else None."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database.removeprefix("file:"))
+
+
+def open_engine(url: str, *, must_exist: bool = False, writable: bool = True, field: str = FIELD) -> Engine:
+    """An engine on ``url`` with the schema created (or brought up to date) and, if ``writable``, proven
+    writable; any failure to open, read or write it is a :class:`SnapevalError` on ``field`` in one line."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise SnapevalError(f"not a database URL or path: {url!r}", field) from None
+    if parsed.get_backend_name() not in SUPPORTED_DIALECTS:
+        raise SnapevalError(
+            f"unsupported database {parsed.get_backend_name()!r}; use a SQLite path or postgresql://", FIELD
+        )
+    path = sqlite_path(url)
+    if path is not None:
+        if path.is_dir():
+            raise SnapevalError(f"{path} is a directory, not a database file", field)
+        if must_exist and not path.is_file():
+            raise SnapevalError(f"no results database at {path}; run python -m snapeval first")
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = _engine(url, parsed.get_backend_name())
+        create_schema(engine)
+        if writable:
+            with engine.begin() as conn:  # a write that changes nothing: refused by a read-only database
+                conn.execute(delete(memory_estimates).where(false()))
+    except ModuleNotFoundError as exc:
+        raise SnapevalError(
+            f'the {exc.name} driver is not installed: pip install "snapeval[cluster]"', FIELD
+        ) from None
+    except NoSuchModuleError as exc:
+        raise SnapevalError(f"unknown database driver ({exc})", field) from None
+    except DBAPIError as exc:
+        raise SnapevalError(f"cannot use {path or _shown(parsed)}: {_reason(exc)}", field) from None
+    return engine
+
+
+def _engine(url: str, backend: str) -> Engine:
+    if backend == "postgresql":
+        return create_engine(url, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}, pool_pre_ping=True)
+    engine = create_engine(url)
+    event.listen(engine, "connect", _configure_sqlite)
+    return engine
+
+
+def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # before WAL, which may wait on a lock
+    with suppress(sqlite3.OperationalError):  # a read-only database: readable, refused by open_engine's write
+        cursor.execute("PRAGMA journal_mode = WAL")
+    cursor.execute("PRAGMA foreign_keys = ON")
+    cursor.close()
+
+
+def create_schema(engine: Engine) -> None:
+    """Create the tables that are missing and add the columns that a database written by an older
+    snapeval lacks (nullable columns only: old rows keep their values)."""
+    with engine.begin() as conn:
+        # IF NOT EXISTS: several processes may open a new database at the same moment.
+        existing = inspect(conn)
+        for table in metadata.sorted_tables:
+            if existing.has_table(table.name):
+                have = {column["name"] for column in existing.get_columns(table.name)}
+                for column in table.columns:
+                    if column.name not in have:
+                        kind = column.type.compile(dialect=engine.dialect)
+                        conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"))
+                continue
+            conn.execute(CreateTable(table, if_not_exists=True))
+            for index in table.indexes:
+                conn.execute(CreateIndex(index, if_not_exists=True))
+
+
+def _shown(parsed: Any) -> str:
+    """The database's URL without its password."""
+    return parsed.render_as_string(hide_password=True)
+
+
+def _reason(exc: DBAPIError) -> str:
+    """The driver's own message, first line, without SQLAlchemy's background link."""
+    lines = str(exc.orig).strip().splitlines() or [type(exc.orig).__name__]
+    reason = lines[0]
+    if "readonly" in reason or "read-only" in reason:
+        return f"{reason} (results are written as the run goes: give a writable database)"
+    if "file is not a database" in reason:
+        return f"{reason} (the file is not a SQLite database, or it is corrupt)"
+    return reason
