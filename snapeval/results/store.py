@@ -153,9 +153,12 @@ class ResultsDB:
         insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](samples).values(values)
         claim = (claims.c.config_hash == config_hash) & (claims.c.sample_id == values["sample_id"])
         with self.engine.begin() as conn:
-            result = conn.execute(insert.on_conflict_do_nothing(index_elements=["config_hash", "sample_id"]))
+            skip = insert.on_conflict_do_nothing(index_elements=["config_hash", "sample_id"])
+            inserted = (
+                conn.execute(skip.returning(samples.c.id)).first() is not None
+            )  # (rowcount: -1 on psycopg)
             conn.execute(delete(claims).where(claim))
-        return result.rowcount == 1
+        return inserted
 
     def migrate(self) -> int:
         """Drop retired keys from every stored config and re-key its run and samples by the new hash

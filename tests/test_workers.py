@@ -1,0 +1,246 @@
+"""Many workers on one results database: claims split a point's samples, a dead worker's claims return,
+stale runs show, SIGTERM and SIGKILL lose nothing, shards fill one point, and a sweep runs with Hydra's
+joblib launcher on a real PostgreSQL server (pgserver, on a Unix socket inside the test's folder)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from snapeval.results import ResultsDB
+from snapeval.results.leases import needing_attention
+from snapeval.results.schema import runs, samples
+from snapeval.workers import shard
+
+#: A small point of the embedded model: 128-token passkey prompts, one row at a time so that samples
+#: are claimed one by one.
+SMALL = ("task=ruler_passkey", "task.context_length=128", "generation.batch_size=1", "progress=false")
+
+
+@pytest.fixture(scope="module")
+def postgres_url(tmp_path_factory) -> str:
+    """A PostgreSQL server of its own, listening only on a Unix socket in a temporary folder."""
+    pgserver = pytest.importorskip("pgserver", reason="pip install -e '.[test]' ships pgserver")
+    pytest.importorskip("psycopg", reason="pip install 'snapeval[cluster]' ships psycopg")
+    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    return server.get_uri()
+
+
+def config(name: str = "t") -> dict:
+    return {"model": {"name": "m"}, "task": {"name": name}, "cache": {"method": "full"}}
+
+
+def row(sample_id: str) -> dict:
+    return {"sample_id": sample_id, "output": "o", "score": 1.0, "prefill_s": 0.1, "decode_s": 0.1}
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has ended."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def set_run(db: ResultsDB, run_id: int, **values) -> None:
+    with db.engine.begin() as conn:
+        conn.execute(runs.update().where(runs.c.id == run_id).values(**values))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request, tmp_path) -> ResultsDB:
+    url = tmp_path / "db.sqlite" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    with ResultsDB(url) as opened:
+        yield opened
+
+
+def test_claims_split_samples_and_return_when_their_worker_dies(db):
+    digest = f"h{time.monotonic_ns()}"  # the PostgreSQL server is shared by the module's tests
+    first, second = db.start_run(config(), digest), db.start_run(config(), digest)
+    assert db.claim(digest, ["a", "b"], first, lease_s=60) == {"a", "b"}
+    assert db.claim(digest, ["a", "b", "c"], second, lease_s=60) == {"c"}  # a live worker's claims hold
+    assert db.claim(digest, ["a", "b"], first, lease_s=60) == {"a", "b"}  # a worker keeps its own
+    assert db.add_sample(first, digest, row("a")) and not db.add_sample(second, digest, row("a"))
+    assert db.claim(digest, ["a"], second, lease_s=60) == set()  # stored: nobody's to claim
+    set_run(db, first, pid=dead_pid())  # the first worker's process ends on this host
+    assert db.claim(digest, ["b"], second, lease_s=60) == {"b"}  # its claim returns at once
+    third = db.start_run(config(), digest)
+    set_run(db, third, hostname="elsewhere")  # a worker on another node: only its lease expires it
+    assert db.claim(digest, ["d"], third, lease_s=0.2) == {"d"}
+    assert db.claim(digest, ["d"], second, lease_s=60) == set()
+    time.sleep(0.3)
+    assert db.claim(digest, ["d"], second, lease_s=60) == {"d"}
+    db.finish_run(second)  # a finished run drops its claims
+    assert db.claim(digest, ["b", "c", "d"], third, lease_s=60) == {"b", "c", "d"}
+
+
+def test_runs_whose_worker_is_gone_are_stale_and_summary_says_so(tmp_path):
+    path = tmp_path / "db.sqlite"
+    with ResultsDB(path) as db:
+        alive, killed, lost, superseded = (db.start_run(config(name), name) for name in "abcd")
+        set_run(db, killed, pid=dead_pid())
+        set_run(db, lost, hostname="elsewhere")
+        db.renew([lost], lease_s=-1)  # its heartbeat stopped: the lease ran out
+        set_run(db, superseded, pid=dead_pid())
+        db.finish_run(db.start_run(config("d"), "d"))  # a later run of the same config finished it
+        states = {run["id"]: run["status"] for run in db.run_states()}
+        attention = [run["id"] for run in needing_attention(db.run_states())]
+    assert [states[run] for run in (alive, killed, lost, superseded)] == [
+        "running",
+        "stale",
+        "stale",
+        "stale",
+    ]
+    assert attention == [alive, killed, lost]
+    summary = subprocess.run(
+        [sys.executable, "-m", "snapeval.results", "summary", "--db", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert summary.returncode == 0, summary.stderr
+    lines = summary.stdout.splitlines()
+    assert "3 run(s) not finished" in summary.stdout
+    assert sum(" stale " in line for line in lines) == 2 and sum(" running " in line for line in lines) == 1
+
+
+def test_shards_hold_every_sample_once_in_order():
+    items = list(range(10))
+    for count in (1, 3, 4, 10, 12):
+        pieces = [shard(items, f"{index}/{count}") for index in range(count)]
+        assert [item for piece in pieces for item in piece] == items
+        assert max(map(len, pieces)) - min(map(len, pieces)) <= 1
+    assert shard(items, None) == items
+
+
+BAD_DATABASES = {
+    "directory": ("{tmp}", "is a directory, not a database file"),
+    "corrupt": ("{tmp}/corrupt.sqlite", "file is not a database"),
+    "read-only": (
+        '"sqlite:///file:{tmp}/ro.sqlite?mode=ro&uri=true"',
+        "attempt to write a readonly database",
+    ),
+    "unsupported": ("mysql://host/db", "unsupported database 'mysql'; use a SQLite path or postgresql://"),
+    "unreachable": (
+        "postgresql://127.0.0.1:1/snapeval",
+        "cannot use postgresql+psycopg://127.0.0.1:1/snapeval",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_DATABASES)
+def test_a_database_that_cannot_be_used_is_one_line_naming_db_url(case, tmp_path):
+    (tmp_path / "corrupt.sqlite").write_text("not a database\n" * 100)
+    ResultsDB(tmp_path / "ro.sqlite").close()  # a real database, opened read-only by its URL
+    url, message = BAD_DATABASES[case]
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "snapeval", "db.url=" + url.format(tmp=tmp_path), "task.limit=1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: db.url: ") and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert time.monotonic() - start < 20  # before torch loads (CONNECT_TIMEOUT_S bounds a silent server)
+
+
+def start_worker(path: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "snapeval", f"db.url={path}", *SMALL, *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stored(path: Path) -> list[dict]:
+    with ResultsDB(path) as db, db.engine.connect() as conn:
+        return [dict(row) for row in conn.execute(select(samples)).mappings()]
+
+
+def wait_for(path: Path, count: int, process: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while len(stored(path)) < count and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_run_as_interrupted_and_keeps_its_samples(tmp_path):
+    path = tmp_path / "db.sqlite"
+    worker = start_worker(path, "task.limit=20")
+    wait_for(path, 1, worker)
+    worker.send_signal(signal.SIGTERM)
+    _, err = worker.communicate(timeout=60)
+    assert worker.returncode == 143 and "Traceback" not in err
+    assert "interrupted: every sample stored so far is kept" in err
+    with ResultsDB(path) as db:
+        assert [run["status"] for run in db.run_states()] == ["interrupted"]
+    assert 1 <= len(stored(path)) < 20
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume_stores_each_sample_once(tmp_path):
+    path, limit, chance = tmp_path / "db.sqlite", 6, random.Random(int(os.environ.get("SNAPEVAL_SEED", 0)))
+    for _ in range(3):
+        worker = start_worker(path, f"task.limit={limit}")
+        wait_for(path, len(stored(path)) + chance.randint(0, 2), worker)
+        time.sleep(chance.uniform(0, 1.5))  # anywhere: loading, prefilling, decoding, committing
+        worker.kill()
+        worker.wait()
+    resumed = start_worker(path, f"task.limit={limit}")
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    rows = stored(path)
+    assert sorted(row["sample_id"] for row in rows) == sorted({row["sample_id"] for row in rows})
+    assert len(rows) == limit and all(row["output"] is not None and row["score"] is not None for row in rows)
+    with ResultsDB(path) as db:
+        states = [run["status"] for run in db.run_states()]
+    assert states == ["stale"] * 3 + ["finished"]
+
+
+@pytest.mark.slow
+def test_four_workers_on_one_sqlite_point_split_it_without_locks_or_duplicates(tmp_path):
+    path, limit = tmp_path / "db.sqlite", 8
+    workers = [start_worker(path, f"task.limit={limit}") for _ in range(4)]
+    errors = [worker.communicate(timeout=600)[1] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0] * 4, errors
+    assert not any("locked" in err for err in errors)
+    rows = stored(path)
+    assert sorted(int(row["sample_id"]) for row in rows) == list(range(limit))
+    assert len({row["run_id"] for row in rows}) >= 2  # the point was split, not computed twice
+
+
+@pytest.mark.slow
+def test_sharded_sweep_with_the_joblib_launcher_on_postgresql_then_resume(postgres_url, tmp_path):
+    sweep = [
+        sys.executable, "-m", "snapeval", "-m", *SMALL, "task.limit=4", "task.shard=0/2,1/2",
+        "cache=full,snapstream", "cache.budget=64", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4",
+        f'db.url="{postgres_url}"',
+    ]  # fmt: skip
+    first = subprocess.run(sweep, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert first.returncode == 0 and "[sweep] 4 points, 0 failed" in first.stdout, first.stderr[-2000:]
+    summary = subprocess.run(
+        [sys.executable, "-m", "snapeval.results", "summary", "--db", postgres_url],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    lines = [line for line in summary.stdout.splitlines() if "ruler_passkey" in line]
+    assert len(lines) == 2 and all("| 4 " in line for line in lines), summary.stdout  # two points, n=4
+    with ResultsDB(postgres_url) as db:
+        first_runs = {run["id"] for run in db.run_states() if run["task"] == "ruler_passkey"}
+    again = subprocess.run(sweep, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    with ResultsDB(postgres_url) as db:
+        passkey = [run for run in db.run_states() if run["task"] == "ruler_passkey"]
+        rows = [row for digest in {run["config_hash"] for run in passkey} for row in db.samples_for(digest)]
+    assert len(passkey) == 8 and all(run["status"] == "finished" for run in passkey)
+    assert len(rows) == 8 and {row["run_id"] for row in rows} <= first_runs  # resumed: nothing computed again
