@@ -27,6 +27,7 @@ BUSY_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 10
 SUPPORTED_DIALECTS = ("sqlite", "postgresql")
 FIELD = "db.url"
+SCHEMA_LOCK = 0x5EA1  # the PostgreSQL advisory lock under which workers create or upgrade the schema
 
 
 def database_url(url_or_path: str | os.PathLike[str] | None = None) -> str:
@@ -105,7 +106,10 @@ def create_schema(engine: Engine) -> None:
     """Create the tables that are missing and add the columns that a database written by an older
     snapeval lacks (nullable columns only: old rows keep their values)."""
     with engine.begin() as conn:
-        # IF NOT EXISTS: several processes may open a new database at the same moment.
+        # several workers may open a new database at once: PostgreSQL's concurrent CREATE TABLE IF NOT
+        # EXISTS can still collide, so they take turns; SQLite runs each statement under its write lock
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})"))
         existing = inspect(conn)
         for table in metadata.sorted_tables:
             if existing.has_table(table.name):
@@ -113,7 +117,12 @@ def create_schema(engine: Engine) -> None:
                 for column in table.columns:
                     if column.name not in have:
                         kind = column.type.compile(dialect=engine.dialect)
-                        conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"))
+                        add = f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"
+                        try:
+                            conn.execute(text(add))
+                        except DBAPIError as exc:  # SQLite: another worker added it a moment ago
+                            if "duplicate column" not in str(exc.orig):
+                                raise
                 continue
             conn.execute(CreateTable(table, if_not_exists=True))
             for index in table.indexes:
