@@ -7,6 +7,8 @@ cache is copied into the row. Requests with the same prompt share one prefill: t
 problem, and the points of a sweep grid, whose caches are all filled from that one prefill by a
 :class:`~snapeval.cache.grid.CacheGrid`. Then one decode step advances every row by one token. A row
 that stops frees its slot for the next request at once: the batch never waits for its longest row.
+The queue may be topped up while it runs (``run(..., more=...)``): the runner claims samples from the
+results database as rows free, so that workers on one point split it.
 
 The decode step (tokens of every row -> next token of every row, sampling included) performs no host
 synchronisation and no branch on tensor values; :meth:`ContinuousBatcher.step` may be compiled
