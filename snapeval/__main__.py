@@ -1,4 +1,5 @@
-"""``python -m snapeval [overrides]``: the Hydra front door. Thin: check the config, call the runner.
+"""``python -m snapeval [overrides]``: the Hydra front door. Thin: check the config, call the runner,
+print its table (:func:`format_summary`).
 
 A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``), or a database that
 cannot be used (``db.url``), is refused in one line with exit code 2 before torch and transformers load
@@ -8,16 +9,22 @@ cannot be used (``db.url``), is refused in one line with exit code 2 before torc
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from tabulate import tabulate
 
 from snapeval import schema
 from snapeval.config import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
+
+if TYPE_CHECKING:
+    from snapeval.runner import RunSummary
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
@@ -30,7 +37,7 @@ def main(cfg: DictConfig) -> None:
 
             print(run_memory_point(config))
             return
-        from snapeval.runner import format_summary, run
+        from snapeval.runner import run
 
         summaries = run(config)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.workers.Terminated)
@@ -62,6 +69,42 @@ def check_before_hydra(overrides: list[str]) -> None:
         from snapeval.results import ResultsDB  # the database opens (or fails on db.url) in a second
 
         ResultsDB(config["db"]["url"]).close()
+
+
+def _task_label(config: Mapping[str, Any]) -> str:
+    """The task's name, and the protocol preset it ran under (``+protocol=...``), if any."""
+    protocol = config.get("protocol")
+    return f"{config['task']['name']} ({protocol['name']})" if protocol else config["task"]["name"]
+
+
+def format_summary(summaries: list[RunSummary]) -> str:
+    """A table with a row per cache setting: what ran, accuracy with its 95% CI and n, KV memory, speed."""
+    rows = []
+    for summary in summaries:
+        config, cache = summary.config, summary.config["cache"]
+        setting = ", ".join(f"{k}={v}" for k, v in cache.items() if k != "method" and v is not None)
+        rows.append(
+            {
+                "model": config["model"]["name"],
+                "task": _task_label(config),
+                "cache": f"{cache['method']}({setting})" if setting else cache["method"],
+                "accuracy": f"{summary.accuracy:.3f}",
+                "95% CI": f"[{summary.ci_low:.3f}, {summary.ci_high:.3f}]",
+                **{name: f"{value:.3f}" for name, value in summary.pass_at.items()},
+                "n": summary.n,
+                "new": summary.computed,
+                "KV MiB": f"{summary.kv_mib:.1f}",
+                "prefill s": f"{summary.prefill_s:.2f}",
+                "decode tok/s": f"{summary.decode_tok_s:.1f}",
+            }
+        )
+    table = tabulate(rows, headers="keys", tablefmt="github")
+    if elsewhere := sum(summary.elsewhere for summary in summaries):
+        table += (
+            f"\n{elsewhere} sample(s) were claimed by other workers on the same point(s): see their output"
+        )
+        table += ", or python -m snapeval.results summary once they finish"
+    return table
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tabulate import tabulate
 from tqdm import tqdm
 
 from snapeval import schema
@@ -327,40 +326,3 @@ def _summarize(point: _Point, rows: list[dict[str, Any]]) -> RunSummary:
         elsewhere=len(point.todo - point.claimed),
         pass_at={key: value for key, value in summary.items() if key.startswith("pass@")},
     )
-
-
-def _task_label(config: Mapping[str, Any]) -> str:
-    """The task's name, and the protocol preset it ran under (``+protocol=...``), if any."""
-    protocol = config.get("protocol")
-    return f"{config['task']['name']} ({protocol['name']})" if protocol else config["task"]["name"]
-
-
-def format_summary(summaries: list[RunSummary]) -> str:
-    """A table with a row per cache setting: what ran, accuracy with its 95% CI and n, KV memory, speed."""
-    rows = []
-    for summary in summaries:
-        config, cache = summary.config, summary.config["cache"]
-        setting = ", ".join(f"{k}={v}" for k, v in cache.items() if k != "method" and v is not None)
-        rows.append(
-            {
-                "model": config["model"]["name"],
-                "task": config["task"]["name"]
-                + (f" ({config['protocol']})" if config.get("protocol") else ""),
-                "cache": f"{cache['method']}({setting})" if setting else cache["method"],
-                "accuracy": f"{summary.accuracy:.3f}",
-                "95% CI": f"[{summary.ci_low:.3f}, {summary.ci_high:.3f}]",
-                **{name: f"{value:.3f}" for name, value in summary.pass_at.items()},
-                "n": summary.n,
-                "new": summary.computed,
-                "KV MiB": f"{summary.kv_mib:.1f}",
-                "prefill s": f"{summary.prefill_s:.2f}",
-                "decode tok/s": f"{summary.decode_tok_s:.1f}",
-            }
-        )
-    table = tabulate(rows, headers="keys", tablefmt="github")
-    if elsewhere := sum(summary.elsewhere for summary in summaries):
-        table += (
-            f"\n{elsewhere} sample(s) were claimed by other workers on the same point(s): see their output"
-        )
-        table += ", or python -m snapeval.results summary once they finish"
-    return table

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from snapeval import runner
+from snapeval.__main__ import format_summary
 from snapeval.generation import generate
 from snapeval.models import encode_chat
 from snapeval.results import ResultsDB, load
@@ -88,7 +89,7 @@ def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path
     assert {extra["draw"] for extra in frame["extra"]} == set(range(5))
     correct = frame.groupby(frame["sample_id"].str.split("#").str[0])["score"].sum()
     assert summary.pass_at == {"pass@5": pytest.approx(sum(c > 0 for c in correct) / 2)}  # n = k: any pass
-    assert "pass@5" in runner.format_summary([summary])
+    assert "pass@5" in format_summary([summary])
     for extra, generated in zip(frame["extra"], frame["generated_tokens"], strict=True):
         trace = extra["trace"]
         assert trace["generated_tokens"] == generated <= 8

@@ -188,11 +188,11 @@ def test_sigterm_ends_the_run_as_interrupted_and_keeps_its_samples(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_stores_each_sample_once(tmp_path):
-    path, limit, chance = tmp_path / "db.sqlite", 6, random.Random(int(os.environ.get("SNAPEVAL_SEED", 0)))
+    path, limit, chance = tmp_path / "db.sqlite", 12, random.Random(int(os.environ.get("SNAPEVAL_SEED", 0)))
     for _ in range(3):
         worker = start_worker(path, f"task.limit={limit}")
-        wait_for(path, len(stored(path)) + chance.randint(0, 2), worker)
-        time.sleep(chance.uniform(0, 1.5))  # anywhere: loading, prefilling, decoding, committing
+        wait_for(path, len(stored(path)) + chance.randint(1, 2), worker)  # its run has started
+        time.sleep(chance.uniform(0, 1))  # then anywhere: prefilling, decoding, scoring, committing
         worker.kill()
         worker.wait()
     resumed = start_worker(path, f"task.limit={limit}")
