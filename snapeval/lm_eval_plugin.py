@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
-from types import ModuleType
+from types import ModuleType, TracebackType
 
 MODEL_NAME = "snapstream"
 MODEL_TARGET = "snapeval.lm_eval_model:SnapStreamLM"
@@ -23,7 +23,9 @@ WATCHED_MODULE = "lm_eval.models"
 
 
 def register() -> None:
-    """Add ``snapstream`` to lm-eval's model registry (idempotent)."""
+    """Add ``snapstream`` to lm-eval's model registry (idempotent), and have a bad model argument end in
+    one line (:func:`one_line_errors`)."""
+    one_line_errors()
     try:
         from lm_eval.api.registry import model_registry
     except ImportError:  # lm-eval without lazy placeholders: registering means importing the model
@@ -32,6 +34,26 @@ def register() -> None:
         return
     if MODEL_NAME not in model_registry:
         model_registry.register(MODEL_NAME, target=MODEL_TARGET)
+
+
+def one_line_errors() -> None:
+    """Once lm-eval is in use, an uncaught :class:`~snapeval.errors.SnapevalError` (a bad ``--model_args``
+    value, data that cannot be read) prints ``error: <message>`` in one line, as snapeval's own commands
+    do, not lm-eval's traceback around it; any other exception goes to the previous hook (idempotent)."""
+    previous = sys.excepthook
+    if getattr(previous, "snapeval_one_line", False):
+        return
+
+    def hook(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
+        from snapeval.errors import SnapevalError  # standard library only
+
+        if isinstance(error, SnapevalError):
+            print(f"error: {error}", file=sys.stderr)
+        else:
+            previous(kind, error, traceback)
+
+    hook.snapeval_one_line = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 class _RegisterAfterLoading(importlib.abc.Loader):

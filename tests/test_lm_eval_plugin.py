@@ -103,3 +103,30 @@ def test_lm_eval_cli_evaluates_a_task_under_snapstream(tmp_path, task, extra_arg
     samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
     assert len(samples) == 2
     assert all(sample["resps"][0][0].strip() for sample in samples)  # the model answered something
+
+
+def test_a_bad_model_argument_under_the_lm_eval_cli_is_one_line(tmp_path):
+    done = subprocess.run(
+        [
+            lm_eval_executable(),
+            "--model",
+            "snapstream",
+            "--model_args",
+            "pretrained=smollm2-135m,method=nope",
+            "--include_path",
+            str(LM_EVAL_TASKS_DIR),
+            "--tasks",
+            "snapeval_ruler_passkey",
+            "--limit",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert (
+        done.stderr.strip().splitlines()[-1].startswith("error: cache.method: unknown method 'nope'; choose")
+    )
