@@ -124,7 +124,7 @@ def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
         try:
             with terminate_as_interrupt(), Lease(lambda: db.renew(run_ids, lease_s), lease_s):
                 if any(point.todo for point in points):
-                    _evaluate(cfg, spec, task, prompts, points, db)
+                    _evaluate(cfg, spec, task, prompts, points, db, lease_s)
         except KeyboardInterrupt:
             for point in points:
                 db.finish_run(point.run_id, "interrupted")
@@ -196,6 +196,7 @@ def _evaluate(
     prompts: list[Prompt],
     points: list[_Point],
     db: ResultsDB,
+    lease_s: float,
 ) -> None:
     """Generate, score and store every missing (prompt, point) through the continuous batcher; a
     two-pass task's answer call is queued as soon as its first call ends.
@@ -272,7 +273,7 @@ def _evaluate(
         store(point, prompt, calls)
         return []
 
-    batch_size, lease_s = generation_cfg["batch_size"], cfg["db"].get("lease_s", DEFAULT_LEASE_S)
+    batch_size = generation_cfg["batch_size"]
     batcher = ContinuousBatcher(model, batch_size, generation_cfg["compile"])
     for group in [points] if shares_prefill(cfg) else [[point] for point in points]:
         queued = [
