@@ -9,7 +9,7 @@ from snapeval.models import encode_chat
 from snapeval.results import load
 from snapeval.tasks import load_task
 from snapeval.tasks import longbench_v2 as lb
-from snapeval.tasks.data import load_rows
+from snapeval.tasks.base import load_rows
 from snapeval.tasks.longbench_v2 import LONGBENCH_V2
 
 from .conftest import compose_config

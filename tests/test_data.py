@@ -8,7 +8,7 @@ import pytest
 
 from snapeval.errors import SnapevalError
 from snapeval.tasks.aime24 import AIME24
-from snapeval.tasks.data import load_rows
+from snapeval.tasks.base import load_rows
 from snapeval.tasks.livecodebench import LIVECODEBENCH
 from snapeval.tasks.longbench_v2 import LONGBENCH_V2
 

@@ -55,3 +55,21 @@ def test_readme_command_composes_to_what_it_says(arguments):
         if override.startswith("hydra"):
             continue  # Hydra's own settings (a launcher): composing them is the check
         assert any(configured(point, override) for point in points), override
+
+
+TRACE_ITEM = re.compile(r"^\d+\. `([^`]+)`:", re.MULTILINE)
+
+
+def test_the_readme_traces_a_sweep_through_at_most_12_files_that_exist():
+    """The layout section's trace from config to figure names real files, the task module that serves
+    aime24 among them, and no more than 12 of them."""
+    from snapeval.tasks import task_class
+
+    section = README.read_text().split("## Layout", 1)[1]
+    files = TRACE_ITEM.findall(section)
+    assert 9 <= len(files) <= 12, files
+    root = CONF_DIR.parent
+    assert all((root / name).is_file() for name in files), [n for n in files if not (root / n).is_file()]
+    serving = task_class("aime24").__module__.replace(".", "/") + ".py"
+    assert serving in files
+    assert "conf/exp/aime_budget_sweep.yaml" in files

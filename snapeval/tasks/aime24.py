@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 from math_verify import parse, verify
 
-from snapeval.tasks.base import Task, answer_part
-from snapeval.tasks.data import DataSource, load_rows
+from snapeval.tasks.base import DataSource, Task, answer_part, load_rows
 
 AIME24 = DataSource(
     name="AIME 2024",

@@ -33,8 +33,7 @@ from typing import Any, Literal
 
 from snapeval.errors import SnapevalError
 from snapeval.sandbox import DEFAULT_LIMITS, ExecutionResult, SandboxLimits, run_program
-from snapeval.tasks.base import Task, after_reasoning
-from snapeval.tasks.data import DataSource, load_rows, local_file
+from snapeval.tasks.base import DataSource, Task, after_reasoning, load_rows, local_file
 from snapeval.tasks.livecodebench_grader import INT_MAX_STR_DIGITS
 
 LIVECODEBENCH = DataSource(

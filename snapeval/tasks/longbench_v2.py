@@ -12,8 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from snapeval.tasks.base import Task, answer_part
-from snapeval.tasks.data import DataSource, load_rows
+from snapeval.tasks.base import DataSource, Task, answer_part, load_rows
 
 LONGBENCH_V2 = DataSource(
     name="LongBench-v2",
