@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from snapeval.cache import SnapevalCache, build_cache, method_class
+from snapeval.cache import SnapevalCache, build_cache, effective_params, method_class
 from snapeval.cache.grid import CacheGrid
 from snapeval.cache.slots import SlotCache, rerotates
 from snapeval.errors import SnapevalError
@@ -76,7 +76,7 @@ class Request:
     @cached_property
     def setting(self) -> tuple:
         """The effective cache settings (parameters a method ignores left out), built once."""
-        return tuple(sorted(build_cache(self.cache, strict=False).params().items()))
+        return tuple(sorted(effective_params(self.cache).items()))
 
 
 @dataclass

@@ -31,10 +31,11 @@ from typing import Any
 import numpy as np
 import yaml
 
+from snapeval.cache import effective_params
 from snapeval.config import compose_config
 from snapeval.errors import SnapevalError
-from snapeval.results import DB_ENV_VAR, DEFAULT_DB, ResultsDB, config_hash, database_url
-from snapeval.runner import run, stored_config
+from snapeval.results import DB_ENV_VAR, DEFAULT_DB, ResultsDB, config_hash, database_url, stored_config
+from snapeval.runner import run
 from snapeval.stats import paired_bootstrap_lower_bound
 
 CONFIDENCE = 0.95
@@ -157,7 +158,7 @@ def judge(gate: Gate, db: ResultsDB) -> Verdict:
 
 def _scores(db: ResultsDB, config: Mapping[str, Any]) -> dict[str, float]:
     """Score per sample id of the samples stored for ``config`` (as the runner stores it)."""
-    rows = db.samples_for(config_hash(stored_config(config)))
+    rows = db.samples_for(config_hash(stored_config(config, effective_params(config["cache"]))))
     return {row["sample_id"]: row["score"] for row in rows if row["score"] is not None}
 
 

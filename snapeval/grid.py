@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from snapeval.cache import build_cache, method_class
+from snapeval.cache import effective_params, method_class
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 
@@ -86,7 +86,7 @@ def grid_points(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
         for values in itertools.product(*swept.values()):
             cache = {**_option(option), **dict(zip(swept, values, strict=True))}
             try:
-                effective = tuple(sorted(build_cache(cache, strict=False).params().items()))
+                effective = tuple(sorted(effective_params(cache).items()))
             except SnapevalError:
                 effective = tuple(sorted(cache.items()))
             if effective not in seen:

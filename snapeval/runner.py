@@ -19,23 +19,19 @@ from typing import Any
 from tqdm import tqdm
 
 from snapeval import schema
-from snapeval.cache import build_cache, install
+from snapeval.cache import effective_params, install
 from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
 from snapeval.errors import SnapevalError
 from snapeval.grid import check_grid, grid_points, shares_prefill
 from snapeval.models import ModelSpec, attach_drafts, check_device, load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window, truncate_content
 from snapeval.records import answer_text, sample_row
-from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, summary_of
+from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
+from snapeval.results.identity import NOT_STORED
 from snapeval.results.leases import Lease
 from snapeval.sampling import Sampling
 from snapeval.tasks import AnswerPass, Prompt, Task, load_task
 from snapeval.workers import ClaimingFeed, shard, stored_in, terminate_as_interrupt
-
-#: Config keys that say how or where to run, not what: never stored, never hashed.
-NOT_STORED = ("db", "hydra", "memory", "job", "grid")
-#: The random number generator of sampled answers (:mod:`snapeval.sampling`), stored with sampled runs.
-SAMPLER = "counter-hash-v1"
 
 
 @dataclass(frozen=True)
@@ -74,15 +70,6 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     check_grid(cfg)
 
 
-def stored_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The config as recorded with results: the cache reduced to its effective parameters, no db URL."""
-    stored = {key: value for key, value in cfg.items() if key not in NOT_STORED}
-    stored["cache"] = build_cache(cfg["cache"], strict=False).params()
-    if cfg["generation"]["do_sample"]:  # sampled answers come from this generator: not mixed on resume
-        stored["generation"] = {**cfg["generation"], "rng": SAMPLER}
-    return stored
-
-
 def draws(prompts: list[Prompt], num_samples: int) -> list[Prompt]:
     """Each prompt ``num_samples`` times (ids ``<id>#<k>``) for pass@1 over n sampled answers."""
     if num_samples == 1:
@@ -106,7 +93,8 @@ def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
         configs, failures = [], []
         for point in _points_or_fail(db, cfg):
             try:
-                configs.append(stored_config(point))  # builds the cache: bad parameters fail here, early
+                # building the cache rejects bad parameters here, before any model work
+                configs.append(stored_config(point, effective_params(point["cache"])))
             except SnapevalError as exc:  # recorded, so that a sweep's summary shows the failed point
                 _record_failure(db, point, exc)
                 failures.append(exc)
@@ -186,7 +174,7 @@ def _start_points(
 
 def _full_cache_digest(config: Mapping[str, Any]) -> str:
     """The config hash of the full-cache run of the same model, task and samples as ``config``."""
-    return config_hash({**config, "cache": build_cache({"method": "full"}).params()})
+    return config_hash({**config, "cache": effective_params({"method": "full"})})
 
 
 def _evaluate(

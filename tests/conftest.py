@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from snapeval import runner
-from snapeval.cache import install
+from snapeval.cache import effective_params, install
 from snapeval.config import compose_config
 from snapeval.grid import grid_points
 from snapeval.models import ModelSpec, load_model, load_tokenizer
@@ -51,6 +51,6 @@ def composed_sweep(experiment: str | None, *overrides: str) -> list[dict]:
             continue
         runner.check_config(cfg)
         for point in grid_points(cfg):
-            runner.stored_config(point)  # builds the cache: rejects impossible cache parameters
+            effective_params(point["cache"])  # builds the cache: rejects impossible parameters
             configs.append(point)
     return configs

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from snapeval.cache import effective_params
 from snapeval.gate import Gate, judge, load_gates, main
-from snapeval.results import ResultsDB, config_hash, database_url
-from snapeval.runner import stored_config
+from snapeval.results import ResultsDB, config_hash, database_url, stored_config
 
 SHIPPED_SPEC = Path(__file__).resolve().parent.parent / "conf" / "gates" / "ci.yaml"
 TASK = ["task=ruler_passkey", "task.context_length=512", "task.limit=20"]
@@ -29,7 +29,7 @@ def write_spec(path: Path, *gates: dict) -> Path:
 
 def store(db_url: str, config: dict, scores: list[float]) -> None:
     """Store ``scores`` as samples 0, 1, ... of ``config``, under the hash the runner would use."""
-    stored = stored_config(config)
+    stored = stored_config(config, effective_params(config["cache"]))
     digest = config_hash(stored)
     with ResultsDB(db_url) as db:
         run_id = db.start_run(stored, digest)

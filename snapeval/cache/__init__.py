@@ -32,6 +32,7 @@ __all__ = [
     "SpeculativePrefillCache",
     "StreamingLLMCache",
     "build_cache",
+    "effective_params",
     "install",
     "method_class",
     "method_classes",
@@ -60,3 +61,9 @@ def build_cache(params: Mapping[str, Any], strict: bool = True) -> SnapevalCache
     cache = cls(**params)
     cache.method = method  # an outside method is stored under the path that loads it again
     return cache
+
+
+def effective_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """What a cache config stands for, as results store it: its method and the parameters that method
+    takes, defaults filled in, the rest dropped (two configs that build the same cache give the same)."""
+    return build_cache(params, strict=False).params()

@@ -12,13 +12,14 @@ dies), so workers on one point split its samples, and a run whose worker is gone
 
 The package is split by concern: :mod:`~snapeval.results.schema` (tables),
 :mod:`~snapeval.results.connect` (URLs, opening, errors on ``db.url``),
-:mod:`~snapeval.results.identity` (config hash, provenance), :mod:`~snapeval.results.store` (writes,
-claims, resume, loading), :mod:`~snapeval.results.leases` (heartbeats, stale runs) and
+:mod:`~snapeval.results.identity` (stored config, config hash, provenance),
+:mod:`~snapeval.results.store` (writes, claims, resume, loading),
+:mod:`~snapeval.results.leases` (heartbeats, stale runs) and
 :mod:`~snapeval.results.summary` (accuracy and speed per experiment).
 """
 
 from snapeval.results.connect import DB_ENV_VAR, DEFAULT_DB, database_url, sqlite_path
-from snapeval.results.identity import ALIASES, DEFAULT_IGNORED, config_hash, flatten
+from snapeval.results.identity import ALIASES, DEFAULT_IGNORED, config_hash, flatten, stored_config
 from snapeval.results.leases import DEFAULT_LEASE_S
 from snapeval.results.schema import RUN_STATUSES, RunStatus
 from snapeval.results.store import ResultsDB, load, load_memory
@@ -49,6 +50,7 @@ __all__ = [
     "load",
     "load_memory",
     "sqlite_path",
+    "stored_config",
     "summarize",
     "summary_of",
     "trace_summary",

@@ -1,6 +1,6 @@
-"""What identifies a result: the config hash (the stored config less what does not change a result),
-the config's dotted columns and the short names of the keys that tell experiments apart, and the
-provenance recorded with each run (git commit, package versions)."""
+"""What identifies a result: the stored config (the composed config as recorded with results), its hash
+(less what does not change a result), the config's dotted columns and the short names of the keys that
+tell experiments apart, and the provenance recorded with each run (git commit, package versions)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,13 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+#: Top-level config keys never stored with a result: where results go, Hydra's and the memory
+#: estimator's settings, which job ran, and the grid (each of its points is stored as its own config).
+NOT_STORED: tuple[str, ...] = ("db", "hydra", "memory", "job", "grid")
+
+#: The random number generator of sampled answers (:mod:`snapeval.sampling`), stored with sampled runs.
+SAMPLER = "counter-hash-v1"
 
 #: Config keys (dotted paths) that do not change what a sample's result is, left out of
 #: :func:`config_hash`: where results go, Hydra's own settings, progress display, the memory
@@ -53,6 +60,18 @@ VERSIONED_PACKAGES: dict[str, str] = {
     "lm_eval": "lm-eval",
     "snapeval": "snapeval",
 }
+
+
+def stored_config(cfg: Mapping[str, Any], cache_params: Mapping[str, Any]) -> dict[str, Any]:
+    """The config as recorded with results: without :data:`NOT_STORED`, its cache given as the cache's
+    effective parameters (``cache_params``: ``snapeval.cache.build_cache(cfg["cache"]).params()``, which
+    drops what the method ignores), and a sampled run's generator named (runs with another one never mix).
+    """
+    stored = {key: value for key, value in cfg.items() if key not in NOT_STORED}
+    stored["cache"] = dict(cache_params)
+    if cfg["generation"]["do_sample"]:
+        stored["generation"] = {**cfg["generation"], "rng": SAMPLER}
+    return stored
 
 
 def config_hash(config: Mapping[str, Any], ignore: Iterable[str] = DEFAULT_IGNORED) -> str:
