@@ -64,8 +64,8 @@ VERSIONED_PACKAGES: dict[str, str] = {
 
 def stored_config(cfg: Mapping[str, Any], cache_params: Mapping[str, Any]) -> dict[str, Any]:
     """The config as recorded with results: without :data:`NOT_STORED`, its cache given as the cache's
-    effective parameters (``cache_params``: ``snapeval.cache.build_cache(cfg["cache"]).params()``, which
-    drops what the method ignores), and a sampled run's generator named (runs with another one never mix).
+    effective parameters (``cache_params``: :func:`snapeval.cache.effective_params` of ``cfg["cache"]``,
+    which drops what the method ignores), and a sampled run's generator named (never mixed with another's).
     """
     stored = {key: value for key, value in cfg.items() if key not in NOT_STORED}
     stored["cache"] = dict(cache_params)
