@@ -27,7 +27,6 @@ from snapeval.models import ModelSpec, attach_drafts, check_device, load_model, 
 from snapeval.prompting import encode_with_split, fit_to_window, truncate_content
 from snapeval.records import answer_text, sample_row
 from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
-from snapeval.results.identity import NOT_STORED
 from snapeval.results.leases import Lease
 from snapeval.sampling import Sampling
 from snapeval.tasks import AnswerPass, Prompt, Task, load_task
@@ -144,8 +143,8 @@ class _Point:
 
 
 def _record_failure(db: ResultsDB, cfg: Mapping[str, Any], exc: SnapevalError) -> None:
-    raw = {key: value for key, value in cfg.items() if key not in NOT_STORED}
-    db.finish_run(db.start_run(raw, config_hash(raw)), "failed", str(exc))
+    stored = stored_config(cfg, cfg["cache"])  # the cache as given: it could not be built
+    db.finish_run(db.start_run(stored, config_hash(stored)), "failed", str(exc))
 
 
 def _points_or_fail(db: ResultsDB, cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
