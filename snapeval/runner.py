@@ -29,6 +29,7 @@ from snapeval.records import answer_text, sample_row
 from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
 from snapeval.results.leases import Lease
 from snapeval.sampling import Sampling
+from snapeval.sandbox import isolation
 from snapeval.tasks import AnswerPass, Prompt, Task, load_task
 from snapeval.workers import ClaimingFeed, shard, stored_in, terminate_as_interrupt
 
@@ -63,6 +64,8 @@ def check_config(cfg: Mapping[str, Any]) -> None:
             f"{protocol['name']} is a protocol of task {protocol['task']}, not of task {task['name']}",
             "protocol",
         )
+    if task["name"] == "livecodebench":  # graded in the sandbox: a machine that cannot run it fails now
+        isolation()
     check_compile(cfg["generation"]["compile"])
     check_device(cfg["model"].get("device", "auto"))
     AnswerPass.from_config(task.get("answer_pass"))
