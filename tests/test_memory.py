@@ -10,11 +10,12 @@ import sys
 
 import pandas as pd
 import pytest
+import yaml
 from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
 from snapeval.errors import SnapevalError
 from snapeval.memory import (
-    builtin_models,
+    catalogue,
     estimate,
     geometry_from_config,
     kv_bytes_per_sequence,
@@ -22,10 +23,13 @@ from snapeval.memory import (
     load_geometry,
     load_hardware,
     method_names,
+    model_names,
+    shipped_configs,
 )
 from snapeval.memory.cli import main
 from snapeval.memory.parameters import estimate_parameters
 from snapeval.memory.units import format_bytes, parse_size
+from snapeval.paths import CONF_DIR
 
 GIB = 2**30
 CONTEXT_128K = 131_072
@@ -61,7 +65,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_llama_8b_bf16_is_128_kib_per_token_and_16_gib_at_128k():
-    geometry = load_geometry("llama-3.1-8b")
+    geometry = load_geometry("llama-3.1-8b-instruct")
     assert kv_bytes_per_token(geometry, "bf16") == LLAMA_8B_PER_TOKEN == 131_072
     assert kv_bytes_per_sequence(geometry, CONTEXT_128K, "bf16") == 16 * GIB
     assert geometry.attention == "gqa"
@@ -85,28 +89,130 @@ def test_smollm2_fp32_per_token():
 
 @pytest.mark.parametrize(("kv_dtype", "expected"), [("fp16", 131_072), ("fp8", 65_536), ("int8", 65_536)])
 def test_kv_dtype_sets_bytes_per_element(kv_dtype, expected):
-    assert kv_bytes_per_token(load_geometry("llama-3.1-8b"), kv_dtype) == expected
+    assert kv_bytes_per_token(load_geometry("llama-3.1-8b-instruct"), kv_dtype) == expected
 
 
 def test_qwen25_sliding_window_is_off_in_its_config():
-    geometry = load_geometry("qwen2.5-7b")
+    geometry = load_geometry("qwen2.5-7b-instruct")
     assert geometry.num_sliding_layers == 0
     assert kv_bytes_per_token(geometry, "bf16") == 2 * 28 * 4 * 128 * 2
 
 
 @pytest.mark.parametrize(
-    ("name", "tolerance"),
+    ("hub_id", "tolerance"),
     [
-        ("smollm2-135m", 0),
-        ("llama-3.1-8b", 0),
-        ("llama-3.1-70b", 0),
-        ("qwen2.5-7b", 1e-4),  # Qwen2's q/k/v biases are not in its config
-        ("deepseek-r1", 1e-4),  # the published count is rounded to 671B
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", 0),
+        ("meta-llama/Llama-3.1-8B-Instruct", 0),
+        ("meta-llama/Llama-3.1-70B-Instruct", 0),
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", 0),
+        ("Qwen/Qwen2.5-7B-Instruct", 1e-4),  # Qwen2's q/k/v biases are not in its config
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 1e-4),
+        ("Qwen/Qwen3-8B", 1e-5),  # q/k norms are not counted
+        ("openai/gpt-oss-20b", 1e-3),  # nor attention sinks and biases
+        ("google/gemma-3-12b-it", 0.04),  # the published total holds the vision tower
+        ("deepseek-ai/DeepSeek-R1", 1e-4),  # the published count is rounded to 671B
     ],
 )
-def test_parameter_estimate_matches_the_published_count(name, tolerance):
-    config = json.loads(builtin_models()[name].read_text())
-    assert estimate_parameters(config) == pytest.approx(config["_num_parameters"], rel=tolerance, abs=0)
+def test_parameter_estimate_matches_the_published_count(hub_id, tolerance):
+    config = json.loads(shipped_configs()[hub_id].read_text())
+    fields = config.get("text_config", config)
+    assert estimate_parameters(fields) == pytest.approx(config["_num_parameters"], rel=tolerance, abs=0)
+
+
+def test_deepseek_v2_lite_parameters_are_estimated_at_its_published_15_7b():
+    geometry = load_geometry("deepseek-v2-lite-chat")
+    assert geometry.parameters_estimated
+    assert round(geometry.num_parameters / 1e8) == 157
+
+
+# --- one catalogue: conf/model names, shipped geometry, Hub ids, local configs -----------------
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_every_conf_model_name_resolves_offline_to_its_hub_config(name, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("fetched from the Hub")
+
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", no_network)
+    entry = yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text())
+    geometry = load_geometry(name)
+    assert geometry.name == name
+    assert geometry.source == entry.get("hub_id", entry["pretrained"])
+    assert geometry.source in shipped_configs()
+
+
+@pytest.mark.parametrize(
+    ("name", "per_token", "mib_at_32k"),
+    [
+        ("llama-3.1-8b-instruct", 2 * 32 * 8 * 128 * 2, 4096),
+        ("deepseek-r1-distill-llama-8b", 2 * 32 * 8 * 128 * 2, 4096),
+        ("llama-3.1-70b-instruct", 2 * 80 * 8 * 128 * 2, 10_240),
+        ("qwen2.5-7b-instruct", 2 * 28 * 4 * 128 * 2, 1792),
+        ("deepseek-r1-distill-qwen-7b", 2 * 28 * 4 * 128 * 2, 1792),  # its 4,096 window is switched off
+        ("qwen3-8b", 2 * 36 * 8 * 128 * 2, 4608),
+        ("deepseek-v2-lite-chat", 27 * (512 + 64) * 2, 972),
+        ("deepseek-r1", DEEPSEEK_PER_TOKEN, 70_272 * 32_768 / 2**20),
+        ("deepseek-v3", DEEPSEEK_PER_TOKEN, 70_272 * 32_768 / 2**20),
+        # 8 global layers hold 32k tokens, 40 sliding layers their 1,024; 16 KB a token and layer
+        ("gemma-3-12b-it", 48 * 2 * 8 * 256 * 2, (8 * 32_768 + 40 * 1024) * 2 * 8 * 256 * 2 / 2**20),
+        # 12 full layers hold 32k tokens, 12 sliding layers their 128
+        ("gpt-oss-20b", 24 * 2 * 8 * 64 * 2, (12 * 32_768 + 12 * 128) * 2 * 8 * 64 * 2 / 2**20),
+    ],
+)
+def test_conf_model_bytes_per_token_and_at_32k(name, per_token, mib_at_32k):
+    result = estimate(name, "h100", context=32_768)
+    assert result.kv_bytes_per_token == per_token
+    assert result.kv_bytes_per_sequence_full / 2**20 == mib_at_32k
+
+
+def test_sliding_layers_hold_the_smaller_of_window_and_budget():
+    per_layer = 2 * 8 * 256 * 2  # gemma-3-12b: bytes of one token in one layer
+    wide = estimate("gemma-3-12b-it", "h100", context=32_768, budget=4096)
+    assert wide.kv_bytes_per_sequence_compressed == (8 * 4096 + 40 * 1024) * per_layer
+    narrow = estimate("gemma-3-12b-it", "h100", context=32_768, budget=512)
+    assert narrow.kv_bytes_per_sequence_compressed == 48 * 512 * per_layer
+    short = estimate("gemma-3-12b-it", "h100", context=600)
+    assert short.kv_bytes_per_sequence_full == 48 * 600 * per_layer
+    assert any("40 of 48 layers use sliding-window attention" in note for note in wide.notes)
+
+
+def test_a_shipped_hub_id_is_read_offline_and_named_as_given(monkeypatch):
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", None)  # calling it would fail
+    geometry = load_geometry("Qwen/Qwen3-8B")
+    assert (geometry.name, geometry.num_layers, geometry.num_kv_heads) == ("Qwen/Qwen3-8B", 36, 8)
+
+
+def test_any_other_hub_id_is_fetched(monkeypatch):
+    fetched = []
+
+    def from_pretrained(repo_id):
+        fetched.append(repo_id)
+        return LlamaConfig(**{k: v for k, v in small_config().items() if k != "model_type"})
+
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", from_pretrained)
+    geometry = load_geometry("someone/tiny-llama")
+    assert fetched == ["someone/tiny-llama"]
+    assert (geometry.name, geometry.source, geometry.num_layers) == (
+        "someone/tiny-llama",
+        "someone/tiny-llama",
+        4,
+    )
+
+
+def test_a_conf_model_entry_with_a_local_folder_reads_its_config(tmp_path, monkeypatch):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(small_config(num_hidden_layers=3)))
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "mine.yaml").write_text(f"name: mine\npretrained: {tmp_path / 'model'}\n")
+    monkeypatch.setattr(catalogue, "MODEL_CONF_DIR", tmp_path / "conf")
+    geometry = load_geometry("mine")
+    assert (geometry.name, geometry.num_layers) == ("mine", 3)
+    assert geometry.source == str(tmp_path / "model" / "config.json")
+
+
+def test_every_hub_id_is_shipped_once():
+    files = {path.name for path in shipped_configs().values()}
+    assert len(files) == len(list(catalogue.SHIPPED_DIR.glob("*.json")))  # no file ships nothing
 
 
 # --- estimate: compression, tensor parallelism, memory tiers ------------------------------------
@@ -132,7 +238,7 @@ def test_mla_latent_is_replicated_per_socket_unless_sharded():
 
 
 def test_tp_16_over_8_kv_heads_replicates_heads():
-    result = estimate("llama-3.1-8b", "sn40l", context=CONTEXT_128K, tp=16)
+    result = estimate("llama-3.1-8b-instruct", "sn40l", context=CONTEXT_128K, tp=16)
     per_socket = 2 * 32 * 1 * 128 * 2  # ceil(8 / 16) = 1 KV head on each socket
     assert result.kv_bytes_per_token_per_socket == per_socket
     assert result.kv_bytes_per_sequence_full_per_socket == per_socket * CONTEXT_128K == 2 * GIB
@@ -141,14 +247,14 @@ def test_tp_16_over_8_kv_heads_replicates_heads():
 
 
 def test_tp_that_divides_the_kv_heads_splits_them():
-    result = estimate("llama-3.1-70b", "h100", context=CONTEXT_128K, tp=8)
+    result = estimate("llama-3.1-70b-instruct", "h100", context=CONTEXT_128K, tp=8)
     assert result.kv_bytes_per_token_per_socket == 2 * 80 * 1 * 128 * 2
     assert result.kv_replication == 1.0
     assert not any("replicated" in note for note in result.notes)
 
 
 def test_llama_8b_on_one_h100_fits_three_full_128k_sequences():
-    result = estimate("llama-3.1-8b", "h100", context=CONTEXT_128K)
+    result = estimate("llama-3.1-8b-instruct", "h100", context=CONTEXT_128K)
     hbm = next(tier for tier in result.tiers if tier.name == "hbm")
     assert result.weights_bytes_per_socket == 8_030_261_248 * 2
     assert hbm.kv_available == 80 * 10**9 - 8_030_261_248 * 2
@@ -209,7 +315,7 @@ def test_every_budgeted_method_holds_what_its_cache_class_allocates():
 
 
 def test_batch_working_set_decides_fit():
-    result = estimate("llama-3.1-8b", "h100", context=CONTEXT_128K, batch=4)
+    result = estimate("llama-3.1-8b-instruct", "h100", context=CONTEXT_128K, batch=4)
     hbm = next(tier for tier in result.tiers if tier.name == "hbm")
     assert hbm.max_sequences_full == 3 and not hbm.fits_full
 
@@ -217,7 +323,7 @@ def test_batch_working_set_decides_fit():
 def test_as_row_is_flat_with_a_column_set_per_tier():
     rows = [
         estimate("deepseek-r1", "sn40l", context=CONTEXT_128K, tp=16, budget=32_768).as_row(),
-        estimate("llama-3.1-8b", "h100", context=CONTEXT_128K).as_row(),
+        estimate("llama-3.1-8b-instruct", "h100", context=CONTEXT_128K).as_row(),
     ]
     frame = pd.DataFrame(rows)
     assert list(frame["reduction"]) == [4.0, 1.0]
@@ -322,7 +428,7 @@ def test_bad_config_fields_are_named(config, field):
 
 
 def test_unknown_names_list_the_choices():
-    with pytest.raises(SnapevalError, match="llama-3.1-8b.*smollm2-135m"):
+    with pytest.raises(SnapevalError, match="deepseek-r1, .*llama-3.1-8b-instruct, .*smollm2-135m"):
         load_geometry("gpt-5")
     with pytest.raises(SnapevalError, match="h100, h200, sn40l"):
         load_hardware("tpu-v5")
@@ -330,7 +436,7 @@ def test_unknown_names_list_the_choices():
 
 def test_unknown_dtype_names_the_setting():
     with pytest.raises(SnapevalError) as caught:
-        kv_bytes_per_token(load_geometry("llama-3.1-8b"), "fp4")
+        kv_bytes_per_token(load_geometry("llama-3.1-8b-instruct"), "fp4")
     assert caught.value.field == "kv_dtype"
 
 
@@ -377,15 +483,22 @@ def test_cli_prints_the_deepseek_sn40l_table(capsys):
 
 
 def test_cli_prints_the_llama_h100_table(capsys):
-    assert main(["model=llama-3.1-8b", "hardware=h100", "context=131072"]) == 0
+    assert main(["model=llama-3.1-8b-instruct", "hardware=h100", "context=131072"]) == 0
     out = capsys.readouterr().out
     assert "131,072 B (128.00 KiB)" in out and "16.00 GiB" in out and "HBM3" in out
 
 
 def test_cli_reports_replication(capsys):
-    assert main(["model=llama-3.1-8b", "hardware=sn40l", "context=131072", "tp=16"]) == 0
+    assert main(["model=llama-3.1-8b-instruct", "hardware=sn40l", "context=131072", "tp=16"]) == 0
     out = capsys.readouterr().out
     assert "16,384 B" in out and "tp=16 does not divide the 8 KV heads" in out
+
+
+def test_cli_takes_a_conf_model_name_and_defaults_to_sn40l(capsys):
+    assert main(["model=deepseek-r1-distill-qwen-7b", "context=32768"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("deepseek-r1-distill-qwen-7b (GQA, 7.62B parameters) on sn40l: context 32,768")
+    assert "57,344 B (56.00 KiB)" in out and "1.75 GiB" in out
 
 
 def test_cli_entry_point_runs():
@@ -394,21 +507,40 @@ def test_cli_entry_point_runs():
     assert "23,040 B" in result.stdout and "8.00x" in result.stdout
 
 
+LLAMA_H100 = ("model=llama-3.1-8b-instruct", "hardware=h100")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["model=gpt-5", "hardware=sn40l", "context=1"], "unknown model 'gpt-5'; choose one of"),
-        (["model=llama-3.1-8b", "hardware=tpu", "context=1"], "unknown hardware 'tpu'; choose one of"),
-        (["model=llama-3.1-8b", "hardware=h100", "context=0"], "context: must be a positive integer"),
-        (["model=llama-3.1-8b", "hardware=h100", "context=-8"], "context: must be a positive integer"),
         (
-            ["model=llama-3.1-8b", "hardware=h100", "context=1", "batch=0"],
+            ["model=llama-3.1-8b-instruct", "hardware=tpu", "context=1"],
+            "unknown hardware 'tpu'; choose one of",
+        ),
+        (
+            [*LLAMA_H100, "context=0"],
+            "context: must be a positive integer",
+        ),
+        (
+            [*LLAMA_H100, "context=-8"],
+            "context: must be a positive integer",
+        ),
+        (
+            [*LLAMA_H100, "context=1", "batch=0"],
             "batch: must be a positive integer",
         ),
-        (["model=llama-3.1-8b", "hardware=h100", "context=1", "kv_dtype=fp4"], "kv_dtype: unknown dtype"),
-        (["model=llama-3.1-8b", "hardware=h100", "context=1", "frobnicate=1"], "unknown key 'frobnicate'"),
-        (["model=llama-3.1-8b", "hardware=h100"], "missing context="),
-        (["model=deepseek-ai/DeepSeek-R1", "hardware=sn40l", "context=1"], "Hub is unreachable"),
+        (
+            [*LLAMA_H100, "context=1", "kv_dtype=fp4"],
+            "kv_dtype: unknown dtype",
+        ),
+        (
+            [*LLAMA_H100, "context=1", "frobnicate=1"],
+            "unknown key 'frobnicate'",
+        ),
+        (list(LLAMA_H100), "missing context="),
+        (["hardware=h100", "context=1"], "missing model="),
+        (["model=mistralai/Mistral-7B-Instruct-v0.3", "context=1"], "Hub is unreachable"),
     ],
 )
 def test_cli_bad_input_is_one_error_line_and_exit_2(args, message):

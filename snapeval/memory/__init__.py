@@ -4,8 +4,9 @@
 prints the estimate as tables; :func:`estimate` returns it as a :class:`MemoryEstimate`.
 """
 
+from snapeval.memory.catalogue import model_names, shipped_configs
 from snapeval.memory.estimate import MemoryEstimate, TierFit, estimate
-from snapeval.memory.geometry import ModelGeometry, builtin_models, geometry_from_config, load_geometry
+from snapeval.memory.geometry import ModelGeometry, geometry_from_config, load_geometry
 from snapeval.memory.hardware import HardwareProfile, MemoryTier, hardware_names, load_hardware
 from snapeval.memory.kv import kv_bytes_per_sequence, kv_bytes_per_token, method_names
 from snapeval.memory.units import DTYPE_BYTES
@@ -17,7 +18,6 @@ __all__ = [
     "MemoryTier",
     "ModelGeometry",
     "TierFit",
-    "builtin_models",
     "estimate",
     "geometry_from_config",
     "hardware_names",
@@ -26,4 +26,6 @@ __all__ = [
     "load_geometry",
     "load_hardware",
     "method_names",
+    "model_names",
+    "shipped_configs",
 ]

@@ -11,12 +11,13 @@ from snapeval.memory.estimate import estimate
 from snapeval.memory.report import render
 
 KEYS = ("model", "hardware", "context", "batch", "tp", "budget", "method", "kv_dtype", "weights_dtype")
-REQUIRED = ("model", "hardware", "context")
+REQUIRED = ("model", "context")
 INTEGER_KEYS = frozenset({"context", "batch", "tp", "budget"})
 NULL = "null"
+DEFAULT_HARDWARE = "sn40l"  # as in conf/memory/default.yaml
 USAGE = (
-    "usage: python -m snapeval.memory model=<built-in name | config.json | hub id> hardware=<name> "
-    "context=<tokens> [batch=1] [tp=1] [budget=<tokens>] [method=<a method of snapeval.cache>] "
+    "usage: python -m snapeval.memory model=<conf/model name | config.json | hub id> context=<tokens> "
+    "[hardware=sn40l] [batch=1] [tp=1] [budget=<tokens>] [method=<a method of snapeval.cache>] "
     "[kv_dtype=bf16] [weights_dtype=bf16]"
 )
 EXIT_USAGE = 2
@@ -48,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         options = parse_overrides(args)
-        print(render(estimate(options.pop("model"), options.pop("hardware"), **options)))
+        hardware = options.pop("hardware", None) or DEFAULT_HARDWARE
+        print(render(estimate(options.pop("model"), hardware, **options)))
     except SnapevalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

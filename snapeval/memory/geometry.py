@@ -1,14 +1,12 @@
 """Model geometry (layers, attention type, heads, parameters) from a transformers config.
 
-A model is named by a built-in name (``snapeval/memory/models/<name>.json``, the relevant fields of
-the official ``config.json``), a local ``config.json`` (or the directory holding it), or a Hugging
-Face Hub id, which is fetched with ``transformers.AutoConfig``.
+A model is named by a ``conf/model`` name (:mod:`snapeval.memory.catalogue`), a local ``config.json``
+(or the directory holding it), or a Hugging Face Hub id: read offline when snapeval ships its config,
+else fetched with ``transformers.AutoConfig``.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,13 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from snapeval.errors import SnapevalError
+from snapeval.memory.catalogue import model_names, model_source, read_json, shipped_config
 from snapeval.memory.config_fields import head_dim, optional_int, require_int
 from snapeval.memory.parameters import estimate_parameters
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-MODELS_DIR = Path(__file__).with_name("models")
 SLIDING_ATTENTION = "sliding_attention"
 
 
@@ -119,59 +117,58 @@ def sliding_window_layers(config: Mapping[str, Any], num_layers: int) -> tuple[i
     return (window, count) if count else (None, 0)
 
 
-@functools.cache
-def builtin_models() -> dict[str, Path]:
-    """Built-in model names and aliases, each with its JSON file."""
-    models = {}
-    for path in sorted(MODELS_DIR.glob("*.json")):
-        for name in (path.stem, *_read_json(path).get("_aliases", ())):
-            models[name] = path
-    return models
+def load_geometry(model: str) -> ModelGeometry:
+    """The geometry of a ``conf/model`` name, a local ``config.json`` (or its directory), or a Hub id.
 
-
-def load_geometry(name_or_path: str) -> ModelGeometry:
-    """The geometry of a built-in model, a local ``config.json`` (or its directory), or a Hub id."""
-    builtins = builtin_models()
-    if name_or_path in builtins:
-        return geometry_from_config(_read_json(builtins[name_or_path]), name=name_or_path)
-    path = Path(name_or_path).expanduser()
-    config_file = path / "config.json" if path.is_dir() else path
-    if config_file.is_file():
-        return geometry_from_config(_read_json(config_file), name=name_or_path, source=str(config_file))
-    if path.exists() or path.suffix == ".json" or name_or_path.startswith((".", "/", "~")):
-        raise SnapevalError(f"no config.json at {name_or_path!r}", "model")
-    if "/" in name_or_path:
-        return _load_from_hub(name_or_path)
+    A name or a Hub id whose config ships with snapeval is read offline; any other Hub id is fetched.
+    """
+    source = model_source(model)
+    if source is not None:
+        return _geometry_of_source(source, name=model)
+    path = Path(model).expanduser()
+    if path.exists() or path.suffix == ".json" or model.startswith((".", "/", "~")):
+        return _local_geometry(path, name=model)
+    if "/" in model:
+        return _geometry_of_source(model, name=model)
     raise SnapevalError(
-        f"unknown model {name_or_path!r}; choose one of {', '.join(builtins)}, "
+        f"unknown model {model!r}; choose one of {', '.join(model_names())} (conf/model), "
         "or pass a local config.json path or a Hugging Face Hub id",
         "model",
     )
 
 
+def _geometry_of_source(source: str, name: str) -> ModelGeometry:
+    """The geometry of a Hub id (shipped, else fetched) or of a local model folder."""
+    shipped = shipped_config(source)
+    if shipped is not None:
+        return geometry_from_config(shipped, name=name, source=source)
+    if Path(source).expanduser().exists():
+        return _local_geometry(Path(source).expanduser(), name=name)
+    return _load_from_hub(source, name=name)
+
+
+def _local_geometry(path: Path, name: str) -> ModelGeometry:
+    config_file = path / "config.json" if path.is_dir() else path
+    if not config_file.is_file():
+        raise SnapevalError(f"no config.json at {str(path)!r}", "model")
+    return geometry_from_config(read_json(config_file), name=name, source=str(config_file))
+
+
 def _config_dict(config: PretrainedConfig | Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a config dict or a transformers config (of its text model, if multimodal)."""
+    """The fields of a config dict or a transformers config (of its text model, if multimodal); the
+    dict's own ``_`` fields (such as ``_num_parameters``) are kept."""
     if isinstance(config, Mapping):
         text_config = config.get("text_config")
-        nested = isinstance(text_config, Mapping) and "num_hidden_layers" not in config
-        return dict(text_config if nested else config)
+        if not isinstance(text_config, Mapping) or "num_hidden_layers" in config:
+            return dict(config)
+        return {**text_config, **{key: value for key, value in config.items() if key.startswith("_")}}
     text_config = config.get_text_config()
     fields = text_config.to_dict()
     fields.update({key: getattr(text_config, key) for key in text_config.attribute_map})
     return fields
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise SnapevalError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno})", "model") from exc
-    if not isinstance(data, dict):
-        raise SnapevalError(f"{path} does not hold a JSON object", "model")
-    return data
-
-
-def _load_from_hub(repo_id: str) -> ModelGeometry:
+def _load_from_hub(repo_id: str, name: str) -> ModelGeometry:
     from huggingface_hub.errors import LocalEntryNotFoundError
     from transformers import AutoConfig
 
@@ -181,7 +178,7 @@ def _load_from_hub(repo_id: str) -> ModelGeometry:
     try:
         config = AutoConfig.from_pretrained(repo_id)
     except (OSError, ValueError) as exc:
-        choices = f"pass a local config.json path or a built-in name ({', '.join(builtin_models())})"
+        choices = f"pass a local config.json path or a conf/model name ({', '.join(model_names())})"
         if _caused_by(exc, LocalEntryNotFoundError):
             reason = f"the Hugging Face Hub is unreachable and {repo_id!r} is not in the local cache"
         else:
@@ -190,7 +187,7 @@ def _load_from_hub(repo_id: str) -> ModelGeometry:
         raise SnapevalError(f"{reason}; {choices}", "model") from exc
     finally:
         hub_logger.setLevel(level)
-    return geometry_from_config(config, name=repo_id, source=repo_id)
+    return geometry_from_config(config, name=name, source=repo_id)
 
 
 def _caused_by(exc: BaseException | None, kind: type[BaseException]) -> bool:

@@ -10,12 +10,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from snapeval.errors import SnapevalError
-from snapeval.memory.cli import KEYS, REQUIRED
+from snapeval.memory.cli import KEYS
 from snapeval.memory.estimate import MemoryEstimate, estimate
 from snapeval.memory.report import render
 from snapeval.results import ResultsDB
 
 NAME_KEYS = ("model", "hardware")
+REQUIRED = ("model", "hardware", "context")
 
 
 def run_memory_point(config: dict) -> str:
