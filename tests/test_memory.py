@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -558,3 +560,27 @@ def test_cli_names_the_missing_config_field(tmp_path, capsys):
     path.write_text(json.dumps(config))
     assert main([f"model={path}", "hardware=h100", "context=1024"]) == 2
     assert capsys.readouterr().err == "error: num_hidden_layers: missing from the model config\n"
+
+
+# --- the README's memory section ----------------------------------------------------------------
+
+README_SECTION = (CONF_DIR.parent / "README.md").read_text().split("## SN40L / GPU memory estimator")[1]
+README_SECTION = README_SECTION.split("\n## ")[0]
+
+
+@pytest.mark.parametrize(
+    "arguments", re.findall(r"^python -m snapeval\.memory (.+?)(?:\s+#.*)?$", README_SECTION, re.M)
+)
+def test_readme_memory_command_runs(arguments, capsys):
+    assert main(shlex.split(arguments)) == 0
+    assert capsys.readouterr().out
+
+
+def test_readme_memory_table_is_the_estimate():
+    rows = re.findall(r"^\| (`.+?) \| .+? \| ([\d,]+) B \| ([\d,]+) MiB \|$", README_SECTION, re.M)
+    assert len(rows) == 9
+    for names, per_token, mib in rows:
+        for name in re.findall(r"`([^`]+)`", names):
+            result = estimate(name, "h100", context=32_768)
+            assert f"{result.kv_bytes_per_token:,}" == per_token, name
+            assert f"{round(result.kv_bytes_per_sequence_full / 2**20):,}" == mib, name
