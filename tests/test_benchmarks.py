@@ -20,6 +20,7 @@ from snapeval.stats import pass_at_k
 from snapeval.tasks import aime24 as aime
 from snapeval.tasks import livecodebench as lcb
 from snapeval.tasks import longbench_v2 as lb
+from snapeval.tasks.aime_scorers import SCORERS
 from snapeval.tasks.base import after_reasoning
 
 from .paths import SHARED_DATA
@@ -53,54 +54,14 @@ def test_aime_prompt_matches_the_qwq_evaluation_prompt() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    ("output", "expected"),
-    [
-        ("Adding up, the total is $\\boxed{25}$ minutes.", "25"),
-        (
-            "First \\boxed{12}, but rechecking: \\boxed{\\frac{m}{n} = \\frac{1}{2}}",
-            "\\frac{m}{n} = \\frac{1}{2}",
-        ),
-        ("<think>Maybe \\boxed{7}? Wait, no.</think>\n\nThe answer is \\boxed{ 025 }.", "025"),
-        ("So the side is \\fbox{25 \\text{ cm}}", "25 \\text{ cm}"),
-        ("<think>The answer must be \\boxed{204}.</think>\nI could not finish.", None),
-        ("<think>Let me compute \\boxed{20", None),  # truncated reasoning, no final answer
-        ("The final answer is \\boxed{204", None),  # unclosed box
-        ("The final answer is \\boxed{}", None),
-        ("The answer is 204.", None),
-    ],
-)
-def test_aime_extracts_the_last_boxed_answer(output: str, expected: str | None) -> None:
-    assert aime.extract_answer(output) == expected
-
-
-@pytest.mark.parametrize(
-    ("pred", "gold", "equal"),
-    [
-        ("25", "025", True),
-        ("025", "25", True),
-        ("25 \\text{ cm}", "025", True),
-        ("25^\\circ", "025", True),
-        ("25^{\\circ}", "025", True),
-        ("\\frac{50}{2}", "025", True),
-        ("m+n=113", "113", True),
-        ("24", "025", False),
-        ("\\text{no solution}", "025", False),
-    ],
-)
-def test_aime_equivalence(pred: str, gold: str, equal: bool) -> None:
-    assert aime.is_equivalent(pred, gold) is equal
-
-
 def test_aime_scores_every_real_gold_answer() -> None:
     for row in load_jsonl("aime24/test.jsonl"):
         gold = row["answer"]
-        assert aime.score(f"<think>...</think>So the answer is $\\boxed{{{int(gold)}}}$.", gold) == {
-            "acc": 1,
-            "pred": str(int(gold)),
-        }
-        assert aime.score(f"\\boxed{{{int(gold) + 1}}}", gold)["acc"] == 0
-    assert aime.score("I give up.", "025") == {"acc": 0, "pred": None}
+        for scorer in SCORERS:
+            output = f"<think>...</think>So the answer is $\\boxed{{{int(gold)}}}$."
+            assert aime.score(output, gold, scorer) == {"acc": 1}, (scorer, gold)
+            assert aime.score(f"\\boxed{{{int(gold) + 1}}}", gold, scorer)["acc"] == 0
+            assert aime.score("I give up.", gold, scorer)["acc"] == 0
 
 
 def test_aime_pass_at_1_averages_samples_then_problems() -> None:

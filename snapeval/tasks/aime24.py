@@ -1,18 +1,18 @@
-"""AIME 2024: the DeepSeek-R1 / QwQ evaluation prompt, the last ``\\boxed{}`` answer, math-verify.
+"""AIME 2024: the DeepSeek-R1 / QwQ evaluation prompt, scored by an official harness's scorer.
 
 Data: the Hub (``HuggingFaceH4/aime_2024``), ``$SNAPEVAL_DATA_DIR/aime24/test.jsonl``, or
-``task.metadata.data_path``. Option ``answer_from``: ``after_reasoning`` (the last box after
-``</think>``, snapeval's default) or ``response`` (anywhere, as Qwen2.5-Math's evaluation reads it).
+``task.metadata.data_path``. ``task.scorer``: ``qwen_math`` (Qwen2.5-Math's grader, the reference),
+``math_verify`` or ``lm_eval`` (:mod:`snapeval.tasks.aime_scorers`). Option ``answer_from``:
+``response`` (the whole output, as every official scorer reads it) or ``after_reasoning`` (the text
+after ``</think>``).
 """
 
 from __future__ import annotations
 
-import re
-import threading
 from collections.abc import Sequence
 
-from math_verify import parse, verify
-
+from snapeval.errors import SnapevalError
+from snapeval.tasks.aime_scorers import SCORERS
 from snapeval.tasks.base import DataSource, Task, answer_part, load_rows
 
 AIME24 = DataSource(
@@ -24,8 +24,6 @@ AIME24 = DataSource(
 )
 
 PROMPT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_MATH_VERIFY_TIMEOUT_S = 5
 
 
 def build_prompt(problem: str) -> str:
@@ -33,39 +31,14 @@ def build_prompt(problem: str) -> str:
     return PROMPT_TEMPLATE.format(problem=problem)
 
 
-def extract_answer(text: str, answer_from: str = "after_reasoning") -> str | None:
-    """The content of the last ``\\boxed{...}`` or ``\\fbox{...}`` after any reasoning trace (or, with
-    ``answer_from="response"``, in the whole output, as Qwen2.5-Math's evaluation reads it).
-
-    Braces nest. None when there is no box, or the last one is empty or never closed (a truncated
-    output: an earlier box is an intermediate result, not the answer).
-    """
-    text = answer_part(text, answer_from)
-    boxes = list(_BOX.finditer(text))
-    if not boxes:
-        return None
-    start = boxes[-1].end()
-    depth = 1
-    for i in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return text[start:i].strip() or None
-    return None
-
-
-def is_equivalent(pred: str, gold: str) -> bool:
-    """Whether ``pred`` equals ``gold`` mathematically ("25", "025", "25 \\text{ cm}", "25^\\circ")."""
-    # math_verify's timeouts use SIGALRM, which only the main thread may install.
-    timeout = _MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-    gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
-    pred_parsed = parse(f"\\boxed{{{pred}}}", parsing_timeout=timeout)
-    return bool(gold_parsed and pred_parsed) and verify(gold_parsed, pred_parsed, timeout_seconds=timeout)
-
-
-def score(output: str, gold: str, answer_from: str = "after_reasoning") -> dict[str, int | str | None]:
-    """``acc`` (0/1) and the extracted answer ``pred`` of one model output."""
-    pred = extract_answer(output, answer_from)
-    return {"acc": int(pred is not None and is_equivalent(pred, gold)), "pred": pred}
+def score(output: str, gold: str, scorer: str = "qwen_math", answer_from: str = "response") -> dict[str, int]:
+    """``acc`` (0/1) of one output by the named scorer, over the whole ``response`` (as every official
+    scorer reads it) or only the text ``after_reasoning``."""
+    if scorer not in SCORERS:
+        raise ValueError(f"unknown scorer {scorer!r}; choose one of {', '.join(SCORERS)}")
+    if scorer == "lm_eval" and gold.isdigit():
+        gold = str(int(gold))  # lm-eval's aime24 data (Maxwell-Jia/AIME_2024) holds integers: "25", not "025"
+    return {"acc": int(SCORERS[scorer](answer_part(output, answer_from), gold))}
 
 
 def pass_at_1(accs: Sequence[Sequence[float]]) -> float:
@@ -76,12 +49,19 @@ def pass_at_1(accs: Sequence[Sequence[float]]) -> float:
 
 
 class Aime24(Task):
-    """AIME 2024, 30 problems; ``acc`` is 1 when the extracted answer equals the gold integer."""
+    """AIME 2024, 30 problems; ``acc`` is 1 when the scorer (``task.scorer``) accepts the output."""
 
     names = ("aime24",)
     metrics = ("acc",)
-    options = {"answer_from": ("after_reasoning", "response")}
+    options = {"answer_from": ("response", "after_reasoning")}
     id_field = "id"
+
+    def __init__(self, cfg, seed: int = 0) -> None:
+        super().__init__(cfg, seed)
+        self.scorer: str = cfg.get("scorer") or next(iter(SCORERS))
+        if self.scorer not in SCORERS:
+            message = f"unknown scorer {self.scorer!r}; choose one of {', '.join(SCORERS)}"
+            raise SnapevalError(message, "task.scorer")
 
     def rows(self, tokenizer=None) -> list[dict]:
         return load_rows(AIME24, self.metadata.get("data_path"))
@@ -93,4 +73,5 @@ class Aime24(Task):
         return row["answer"]
 
     def score_row(self, row, output: str) -> dict[str, float]:
-        return {"acc": float(score(output, str(row["answer"]), self.metadata["answer_from"])["acc"])}
+        scored = score(output, str(row["answer"]), self.scorer, self.metadata["answer_from"])
+        return {"acc": float(scored["acc"])}
