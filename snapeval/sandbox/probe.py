@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -40,6 +41,8 @@ def isolation() -> Isolation:
         try:
             result = execute(_PROBE, "", DEFAULT_LIMITS, candidate)
         except LauncherFailed as exc:
+            if _creates_namespaces(wrapper):  # it failed for another reason: that reason is the error
+                raise SnapevalError(str(exc)) from None
             unavailable.append(str(exc).removeprefix("sandbox setup failed: "))
             continue
         if result.status == "ok" and result.stdout.strip() == sys.executable:
@@ -60,6 +63,13 @@ def _namespaces_unavailable(reasons: list[str]) -> SnapevalError:
         "reach the network and outlive the run)",
         UNSAFE_ENV,
     )
+
+
+def _creates_namespaces(wrapper: tuple[str, ...]) -> bool:
+    """Whether ``wrapper`` can create its namespaces and run ``true`` in them."""
+    if not wrapper:
+        return False
+    return subprocess.run([*wrapper, "true"], capture_output=True, timeout=30, check=False).returncode == 0
 
 
 def _as_whom(candidate: Isolation) -> str:
