@@ -212,7 +212,16 @@ def test_a_conf_model_entry_with_a_local_folder_reads_its_config(tmp_path, monke
     assert geometry.source == str(tmp_path / "model" / "config.json")
 
 
-def test_every_hub_id_is_shipped_once():
+def test_a_conf_model_entry_loaded_from_a_package_must_name_its_hub_id(tmp_path, monkeypatch):
+    (tmp_path / "packaged.yaml").write_text("name: packaged\npretrained: pkg://some_package\n")
+    monkeypatch.setattr(catalogue, "MODEL_CONF_DIR", tmp_path)
+    with pytest.raises(
+        SnapevalError, match="loads pkg://some_package: name the Hub id of its config in hub_id"
+    ):
+        load_geometry("packaged")
+
+
+def test_every_shipped_config_names_its_hub_ids_and_none_twice():
     files = {path.name for path in shipped_configs().values()}
     assert len(files) == len(list(catalogue.SHIPPED_DIR.glob("*.json")))  # no file ships nothing
 

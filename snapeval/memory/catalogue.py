@@ -20,6 +20,7 @@ from snapeval.paths import CONF_DIR
 
 MODEL_CONF_DIR = CONF_DIR / "model"
 SHIPPED_DIR = Path(__file__).with_name("models")
+PACKAGE_SCHEME = "pkg://"  # a model inside a Python package (snapeval.models): no config to read here
 
 
 def model_names() -> list[str]:
@@ -37,6 +38,9 @@ def model_source(name: str) -> str | None:
     source = entry.get("hub_id") or entry.get("pretrained")
     if not isinstance(source, str) or not source:
         raise SnapevalError(f"conf/model/{name}.yaml names no hub_id or pretrained", "model")
+    if source.startswith(PACKAGE_SCHEME):
+        message = f"conf/model/{name}.yaml loads {source}: name the Hub id of its config in hub_id"
+        raise SnapevalError(message, "model")
     return source
 
 
