@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from snapeval.cache.mla import is_latent, latent_keys, latent_queries
 from snapeval.errors import SnapevalError
 
 EMPTY = -1
@@ -46,8 +47,10 @@ class Selection:
 class LayerPrompt:
     """One layer's prompt at the end of prefill, as every method selects from it.
 
-    ``keys``: (batch, kv_heads, L, head_dim) post-RoPE keys; ``query``: (batch, heads, L, head_dim)
-    post-RoPE queries; ``valid``: (batch, L) real (non-padding) columns; ``scaling``: the attention scale.
+    ``keys``: (batch, kv_heads, L, head_dim) post-RoPE keys as the layer caches them (for MLA: the latent,
+    one cache head, with the rotary key as ``values``); ``query``: (batch, heads, L, head_dim) post-RoPE
+    queries as the attention function received them; ``valid``: (batch, L) real (non-padding) columns;
+    ``scaling``: the attention scale.
     ``scores``: where scoring keeps what several selections from one prefill share (see
     :mod:`snapeval.cache.scoring`); a prompt is never changed in place. ``values``, the attention
     ``module`` and its forward's keyword ``inputs`` (``hidden_states``, ``position_embeddings``, ...) are
@@ -66,6 +69,23 @@ class LayerPrompt:
     @property
     def length(self) -> int:
         return self.keys.shape[2]
+
+    @property
+    def cache_heads(self) -> int:
+        """Heads the layer's cache holds, each selected for on its own: its KV heads (MLA: one latent)."""
+        return self.keys.shape[1]
+
+    def scoring_keys(self) -> torch.Tensor:
+        """(batch, cache_heads, L, d) the keys queries are scored against: the cached keys, or for MLA the
+        latent keys ``[c, k_rot]`` (see :mod:`snapeval.cache.mla`)."""
+        if is_latent(self.module):
+            return latent_keys(self.keys, self.values)
+        return self.keys
+
+    def window_queries(self, window: int) -> torch.Tensor:
+        """(batch, heads, window, d) the last ``window`` queries, in the space of :meth:`scoring_keys`."""
+        query = self.query[:, :, -window:]
+        return latent_queries(self.module, query) if is_latent(self.module) else query
 
 
 class KVLayer(CacheLayerMixin):
@@ -128,11 +148,11 @@ class KVLayer(CacheLayerMixin):
         if self.capacity is None:
             self.keys, self.values, self.positions = kept
             return
-        batch, heads, pinned, dim = kept[0].shape
+        batch, heads, pinned, _ = kept[0].shape
         if pinned >= self.capacity:
             raise SnapevalError(f"{pinned} pinned tokens leave no ring slot in a capacity of {self.capacity}")
-        self.keys = kept[0].new_zeros(batch, heads, self.capacity, dim)
-        self.values = kept[1].new_zeros(batch, heads, self.capacity, dim)
+        self.keys = kept[0].new_zeros(batch, heads, self.capacity, kept[0].shape[-1])
+        self.values = kept[1].new_zeros(batch, heads, self.capacity, kept[1].shape[-1])
         self.positions = kept[2].new_full((batch, heads, self.capacity), EMPTY)
         self._write(slice(0, pinned), kept)
         self.ring_start = pinned
@@ -183,12 +203,15 @@ class KVLayer(CacheLayerMixin):
 
 
 def _gather(keys, values, positions, columns):
-    """Slots at ``columns`` (batch, heads, n) of (keys, values, positions); EMPTY columns stay EMPTY."""
+    """Slots at ``columns`` (batch, heads, n) of (keys, values, positions); EMPTY columns stay EMPTY.
+    Keys and values may differ in width (MLA caches a latent and a narrower rotary key)."""
     index = columns.clamp(min=0)
-    dim = keys.shape[-1]
-    kv_index = index[..., None].expand(-1, -1, -1, dim)
     gathered_positions = positions.gather(2, index).masked_fill(columns < 0, EMPTY)
-    return keys.gather(2, kv_index), values.gather(2, kv_index), gathered_positions
+    return _gather_slots(keys, index), _gather_slots(values, index), gathered_positions
+
+
+def _gather_slots(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return states.gather(2, index[..., None].expand(-1, -1, -1, states.shape[-1]))
 
 
 class SnapevalCache(Cache):

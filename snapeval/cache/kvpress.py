@@ -8,6 +8,7 @@ from typing import Any
 
 from snapeval.cache.attention import ROTARY_MODULE
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
+from snapeval.cache.mla import is_latent
 from snapeval.cache.scoring import top_columns
 from snapeval.errors import SnapevalError
 
@@ -63,6 +64,12 @@ class KvpressCache(SnapevalCache):
         return self.kept(prompt_length) + new_tokens
 
     def select(self, prompt: LayerPrompt) -> Selection:
+        if is_latent(prompt.module):
+            raise SnapevalError(
+                f"{prompt.module.config.model_type}: kvpress presses score per-head keys, and multi-head "
+                "latent attention caches one latent per token; use a snapeval method on this model",
+                "cache",
+            )
         kept = self.kept(int(prompt.valid.sum(dim=-1).max()))
         if prompt.length <= kept:
             return Selection()

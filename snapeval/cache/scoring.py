@@ -27,10 +27,12 @@ def window_attention(
 ) -> torch.Tensor:
     """(batch, heads, L) attention the last ``window`` queries pay to each key, summed over the window.
 
-    query: (batch, heads, L, d) and keys: (batch, kv_heads, L, d), both post-RoPE; valid: (batch, L).
-    Computed in float32. Padding queries of the window contribute nothing.
+    query: (batch, heads, n, d), the prompt's last n >= min(window, L) queries, and keys: (batch, kv_heads,
+    L, d), both post-RoPE (or both in MLA's latent space); valid: (batch, L). Computed in float32. Padding
+    queries of the window contribute nothing.
     """
-    batch, heads, length, dim = query.shape
+    batch, heads, _, dim = query.shape
+    length = keys.shape[2]
     window = min(window, length)
     # group the window queries by KV head, so the keys are never copied per query head
     grouped = (query[:, :, -window:].float() * scaling).reshape(batch, keys.shape[1], -1, dim)
@@ -77,7 +79,8 @@ def prompt_window_attention(prompt: LayerPrompt, window: int) -> torch.Tensor:
     """:func:`window_attention` of a layer's ``prompt``, computed once per window and kept in the prompt."""
     attention = prompt.scores.get(("window", window))
     if attention is None:
-        attention = window_attention(prompt.query, prompt.keys, prompt.valid, window, prompt.scaling)
+        queries, keys = prompt.window_queries(window), prompt.scoring_keys()
+        attention = window_attention(queries, keys, prompt.valid, window, prompt.scaling)
         prompt.scores[("window", window)] = attention
     return attention
 
@@ -98,7 +101,7 @@ def snapkv_priority(
     attention = prompt_window_attention(prompt, window)
     prefix = prompt.length - min(window, prompt.length)
     pooled = pool_scores(attention[..., :prefix], kernel, pooling)
-    scores = reduce_gqa(pooled, prompt.keys.shape[1], gqa_reduce)
+    scores = reduce_gqa(pooled, prompt.cache_heads, gqa_reduce)
     forced = scores.new_full((*scores.shape[:2], prompt.length - prefix), float("inf"))
     priority = torch.cat([scores, forced], dim=-1).masked_fill(~prompt.valid[:, None, :], float("-inf"))
     prompt.scores[setting] = priority
