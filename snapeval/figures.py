@@ -488,17 +488,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        df = load(args.db)
+        if args.out.exists() and not args.out.is_dir():
+            raise SnapevalError(f"{args.out} is a file; give a folder for the figures", "--out")
+        df = load(args.db, field="--db")
+        for name, draw in FIGURES.items():
+            try:
+                paths = draw(df, args.out)
+            except NothingToDraw as exc:
+                print(f"skipped {name}: {exc}")
+                continue
+            except OSError as exc:
+                raise SnapevalError(f"cannot write to {args.out}: {exc.strerror or exc}", "--out") from None
+            print(f"wrote {name}: {', '.join(map(str, paths))}")
     except SnapevalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for name, draw in FIGURES.items():
-        try:
-            paths = draw(df, args.out)
-        except NothingToDraw as exc:
-            print(f"skipped {name}: {exc}")
-            continue
-        print(f"wrote {name}: {', '.join(map(str, paths))}")
     return 0
 
 

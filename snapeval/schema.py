@@ -10,6 +10,7 @@ runner's (:func:`snapeval.runner.check_config`).
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -23,15 +24,21 @@ from snapeval.paths import CONF_DIR
 GROUPS = ("task", "cache", "model", "memory", "hardware", "protocol", "exp")
 """Config groups a command line can choose from (``task=NAME``, ``+exp=NAME``)."""
 
+MAX_LEASE_S = 10**9  # about 31 years: an expiry date must stay within the calendar
 Check = Callable[[Any], str | None]  # None when the value is fine, else what the field takes
 
 
-def integer(low: int = 1, optional: bool = False) -> Check:
+INT64_MAX = 2**63 - 1  # what a database column and a torch tensor hold
+
+
+def integer(low: int = 1, optional: bool = False, high: int = INT64_MAX) -> Check:
     def check(value: Any) -> str | None:
         if value is None and optional:
             return None
-        if isinstance(value, int) and not isinstance(value, bool) and value >= low:
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
             return None
+        if isinstance(value, int) and value > high:
+            return f"an integer <= {high}"
         return f"an integer >= {low}" + (" or null" if optional else "")
 
     return check
@@ -107,12 +114,13 @@ FIELDS: dict[str, Check] = {
     "model.dtype": choice("auto", "float32", "bfloat16", "float16"),
     "model.device": device,
     "db.url": text,
-    "db.lease_s": integer(low=4),
+    "db.lease_s": integer(low=4, high=MAX_LEASE_S),
 }
 
 
 def check(config: Mapping[str, Any]) -> None:
     """Refuse unknown keys and ill-typed or out-of-range values of a composed config, one field at a time."""
+    _check_protocol(config)
     _check_keys(config)
     for path, field_check in FIELDS.items():
         found, value = _lookup(config, path)
@@ -127,6 +135,34 @@ def check(config: Mapping[str, Any]) -> None:
             "(model.max_context)",
             "task.context_length",
         )
+    _check_new_tokens(config)
+
+
+def _check_protocol(config: Mapping[str, Any]) -> None:
+    """A protocol preset (``+protocol=NAME``) belongs to one task: refuse it with another task."""
+    protocol, task = config.get("protocol"), config.get("task")
+    if not isinstance(protocol, Mapping) or not isinstance(task, Mapping):
+        return
+    tasks = protocol.get("task") if isinstance(protocol.get("task"), list) else [protocol.get("task")]
+    if task.get("name") not in tasks:
+        raise SnapevalError(
+            f"{protocol.get('name')} is a protocol of task {' or '.join(map(str, tasks))}, not of task "
+            f"{task.get('name')}",
+            "protocol",
+        )
+
+
+def _check_new_tokens(config: Mapping[str, Any]) -> None:
+    """The answer's length must leave room for a prompt in the model's window."""
+    window = config.get("model", {}).get("max_context")
+    for path in ("generation.max_new_tokens", "task.max_new_tokens"):
+        found, value = _lookup(config, path)
+        if found and isinstance(value, int) and isinstance(window, int) and value >= window:
+            raise SnapevalError(
+                f"{value} new tokens leave no room for a prompt in the model's window of {window} "
+                "(model.max_context)",
+                path,
+            )
 
 
 def no_gpu_here() -> bool:
@@ -137,8 +173,13 @@ def no_gpu_here() -> bool:
 
 
 def check_choices(overrides: list[str]) -> None:
-    """Refuse a command-line choice of a config group option that does not exist (``task=nope``)."""
+    """Refuse a command-line choice of a config group option that does not exist (``task=nope``), and
+    a number too long for Hydra's parser (more digits than Python converts)."""
     for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        number = value.lstrip("+-").replace("_", "")
+        if number.isdigit() and 0 < sys.get_int_max_str_digits() < len(number):
+            raise SnapevalError(f"a number of {len(number)} digits is out of range", key)
         match = re.fullmatch(r"\+{0,2}(\w+)=(.*)", override)
         if not match or match[1] not in GROUPS:
             continue
@@ -165,13 +206,16 @@ def _check_keys(config: Mapping[str, Any]) -> None:
         if source is None or not source.is_file():
             continue  # a model given by Hub id, say: its keys are the ModelSpec's, checked on load
         defined = _defined(source)
-        if section == "cache":  # a grid point holds the grid's parameters, which some method takes
+        owner = f"{group} {value[name_key]} has"
+        if section == "cache" and config.get("grid") is not None:
+            # a grid point holds the grid's parameters, which some method of the grid takes
             defined = {key: None for path in (CONF_DIR / "cache").glob("*.yaml") for key in _defined(path)}
+            owner = "the caches take"
+        elif section == "cache":
+            owner = f"{value[name_key]} takes"
         for key in value:
             if key not in defined:
-                keys = ", ".join(sorted(defined))
-                owner = "the caches take" if section == "cache" else f"{group} {value[name_key]} has"
-                raise SnapevalError(f"unknown key; {owner} {keys}", f"{section}.{key}")
+                raise SnapevalError(f"unknown key; {owner} {', '.join(sorted(defined))}", f"{section}.{key}")
 
 
 def _defined(path: Path) -> dict[str, Any]:

@@ -34,7 +34,7 @@ HOSTILE = [
     (["task.context_length=10000000"], "error: task.context_length: 10000000 tokens do not fit the model's"),
     (
         ["+cache.budgt=5"],
-        "error: cache.budgt: unknown key; the caches take budget, chunk, compression_ratio, draft",
+        "error: cache.budgt: unknown key; full takes budget, method, ratio",
     ),
     (["+task.limt=1"], "error: task.limt: unknown key; task ruler_passkey has context_length, kind, limit"),
     (["task.contxt_length=5"], "error: task.contxt_length: no such key"),

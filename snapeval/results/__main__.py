@@ -87,9 +87,14 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
 
 def _export(df: pd.DataFrame, path: Path) -> None:
     """Write ``df`` as CSV, with lists and dicts (targets, extras) as JSON."""
+    if path.is_dir():
+        raise SnapevalError(f"{path} is a directory; give a file name (say {path / 'samples.csv'})", "--csv")
     cells = df.map(lambda value: json.dumps(value) if isinstance(value, dict | list) else value)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    cells.to_csv(path, index=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cells.to_csv(path, index=False)
+    except OSError as exc:
+        raise SnapevalError(f"cannot write {path}: {exc.strerror or exc}", "--csv") from None
     print(f"wrote {len(df)} samples to {path}")
 
 
@@ -102,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         with ResultsDB(args.db, must_exist=True, writable=False, field="--db") as db:
             df, states = db.dataframe(), db.run_states()
+        if args.command == "summary":
+            _print_summary(df, states)
+        else:
+            _export(df, args.csv)
     except SnapevalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.command == "summary":
-        _print_summary(df, states)
-    else:
-        _export(df, args.csv)
     return 0
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from snapeval.errors import SnapevalError
-from snapeval.results.schema import memory_estimates, metadata
+from snapeval.results.schema import memory_estimates, metadata, runs
 
 DEFAULT_DB = Path("results/snapeval.sqlite")
 DB_ENV_VAR = "SNAPEVAL_DB"
@@ -27,6 +27,7 @@ BUSY_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 10
 SUPPORTED_DIALECTS = ("sqlite", "postgresql")
 FIELD = "db.url"
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
 SCHEMA_LOCK = 0x5EA1  # the PostgreSQL advisory lock under which workers create or upgrade the schema
 
 
@@ -62,14 +63,15 @@ def open_engine(url: str, *, must_exist: bool = False, writable: bool = True, fi
             f"unsupported database {parsed.get_backend_name()!r}; use a SQLite path or postgresql://", FIELD
         )
     path = sqlite_path(url)
-    if path is not None:
-        if path.is_dir():
-            raise SnapevalError(f"{path} is a directory, not a database file", field)
-        if must_exist and not path.is_file():
-            raise SnapevalError(f"no results database at {path}; run python -m snapeval first")
-        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if path is not None:
+            _check_file(path, must_exist, writable, field)
+    except OSError as exc:  # a name too long, a parent that is a file, no permission
+        raise SnapevalError(f"cannot use {_short(path)}: {exc.strerror or exc}", field) from None
     try:
         engine = _engine(url, parsed.get_backend_name())
+        if not writable and not inspect(engine).has_table(runs.name):  # reading never creates tables
+            raise SnapevalError(f"{_short(path or _shown(parsed))} holds no snapeval results", field)
         create_schema(engine)
         if writable:
             with engine.begin() as conn:  # a write that changes nothing: refused by a read-only database
@@ -83,6 +85,29 @@ def open_engine(url: str, *, must_exist: bool = False, writable: bool = True, fi
     except DBAPIError as exc:
         raise SnapevalError(f"cannot use {path or _shown(parsed)}: {_reason(exc)}", field) from None
     return engine
+
+
+def _check_file(path: Path, must_exist: bool, writable: bool, field: str) -> None:
+    """A SQLite file that can be opened: not a folder; one that exists if ``must_exist``; an existing
+    SQLite database (never one created or turned into one) unless ``writable``."""
+    if path.is_dir():
+        raise SnapevalError(f"{_short(path)} is a directory, not a database file", field)
+    if must_exist and not path.is_file():
+        raise SnapevalError(f"no results database at {_short(path)}; run python -m snapeval first", field)
+    if not writable and path.is_file():
+        with path.open("rb") as file:
+            if file.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                raise SnapevalError(f"{_short(path)} is not a SQLite database (left as it is)", field)
+    if writable:
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _short(path: Path | str, keep: int = 120) -> str:
+    """A path as a message shows it: its start and end when it is very long."""
+    text = str(path)
+    return (
+        text if len(text) <= keep else f"{text[: keep // 2]}...{text[-keep // 2 :]} ({len(text)} characters)"
+    )
 
 
 def _engine(url: str, backend: str) -> Engine:

@@ -246,9 +246,10 @@ def _sample_columns(sample: Mapping[str, Any]) -> dict[str, Any]:
     return {**columns, **{f"metric.{name}": value for name, value in metrics.items()}}
 
 
-def load(url_or_path: str | os.PathLike[str] | None = None) -> pd.DataFrame:
-    """All samples of an existing database as a DataFrame; see :meth:`ResultsDB.dataframe`."""
-    with ResultsDB(url_or_path, must_exist=True, writable=False) as db:
+def load(url_or_path: str | os.PathLike[str] | None = None, field: str = "db.url") -> pd.DataFrame:
+    """All samples of an existing database as a DataFrame (see :meth:`ResultsDB.dataframe`); a database
+    that cannot be read is an error on ``field``."""
+    with ResultsDB(url_or_path, must_exist=True, writable=False, field=field) as db:
         return db.dataframe()
 
 
