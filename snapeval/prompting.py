@@ -8,6 +8,7 @@ from transformers import PreTrainedTokenizerBase
 
 from snapeval.errors import SnapevalError
 from snapeval.models import encode_chat
+from snapeval.tasks.base import RAW_ROLE
 
 TRUNCATIONS = ("error", "middle")
 
@@ -20,7 +21,7 @@ def fit_to_window(
     ``middle`` drops tokens from the middle of the last message, keeping its head and tail as LongBench's
     official ``pred.py`` does; ``error`` refuses a prompt that does not fit.
     """
-    excess = len(encode_chat(tokenizer, messages)) - max_tokens
+    excess = len(prompt_ids(tokenizer, messages)) - max_tokens
     if excess <= 0:
         return messages
     if truncation != "middle":
@@ -59,14 +60,34 @@ def encode_with_split(
     """Token ids of the chat prompt and, when ``query_start`` occurs in it, the index where the query
     begins: the tokens before it are compressed at prefill, the query is appended after (query-agnostic)."""
     if not query_start:
-        return encode_chat(tokenizer, messages), None
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return prompt_ids(tokenizer, messages), None
+    text = prompt_text(tokenizer, messages)
     cut = text.rfind(query_start)
     if cut <= 0:
-        return encode_chat(tokenizer, messages), None
+        return prompt_ids(tokenizer, messages), None
     context = tokenizer(text[:cut], add_special_tokens=False)["input_ids"]
     query = tokenizer(text[cut:], add_special_tokens=False)["input_ids"]
     return context + query, len(context)
+
+
+def is_raw(messages: list[dict[str, str]]) -> bool:
+    """Whether ``messages`` is one finished prompt text (a :data:`~snapeval.tasks.base.RAW_ROLE` message)."""
+    return len(messages) == 1 and messages[0]["role"] == RAW_ROLE
+
+
+def prompt_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
+    """The prompt as text: the chat template around ``messages``, or a raw prompt as it is."""
+    if is_raw(messages):
+        return messages[0]["content"]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of the prompt. A raw prompt is tokenized as vLLM tokenizes a text prompt (lcb_runner's
+    generation): with the tokenizer's special tokens, so a tokenizer that adds a BOS adds it again."""
+    if is_raw(messages):
+        return tokenizer(messages[0]["content"])["input_ids"]
+    return encode_chat(tokenizer, messages)
 
 
 def truncate_middle(token_ids: Sequence[int], max_len: int) -> list[int]:

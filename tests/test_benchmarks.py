@@ -204,7 +204,7 @@ class Solution:
 
 def test_lcb_prompts_are_lcb_runners() -> None:
     stdin_row = {"question_content": "Add two numbers.", "starter_code": ""}
-    assert lcb.build_prompt(stdin_row) == (
+    assert lcb.generic_question(stdin_row) == (
         "### Question:\nAdd two numbers.\n\n### Format: Read the inputs from stdin solve the problem and "
         "write the answer to stdout (do not directly test on the sample inputs). Enclose your code within "
         "delimiters as follows. Ensure that when the python program runs, it reads the inputs, runs the "
@@ -212,14 +212,14 @@ def test_lcb_prompts_are_lcb_runners() -> None:
         "### Answer: (use the provided format with backticks)\n\n"
     )
     snake = lcb_problem("3533")
-    assert lcb.build_prompt(snake).endswith(
+    assert lcb.generic_question(snake).endswith(
         "### Format: You will use the following starter code to write the solution to the problem and "
         f"enclose your code within delimiters.\n```python\n{snake['starter_code']}\n```\n\n"
         "### Answer: (use the provided format with backticks)\n\n"
     )
     system, user = lcb.build_messages(snake)
     assert system == {"role": "system", "content": lcb.SYSTEM_MESSAGE}
-    assert user == {"role": "user", "content": lcb.build_prompt(snake)}
+    assert user == {"role": "user", "content": lcb.generic_question(snake)}
 
 
 @pytest.mark.parametrize(

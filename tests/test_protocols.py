@@ -1,9 +1,9 @@
 """Verdict equivalence with the official harnesses, and the switches where snapeval differs on purpose.
 
 Expected verdicts are written from the official rules (LiveCodeBench ``lcb_runner`` testing_util and
-extraction_utils, LongBench's ``pred.py``, Qwen2.5-Math's last-box extraction), not from snapeval's
-output: each row says why the official grader decides so. Problems are built here, so the suite runs
-without the shared data.
+extraction_utils, LongBench's ``pred.py``), not from snapeval's output: each row says why the official
+grader decides so. Problems are built here, so the suite runs without the shared data. AIME's scorers
+are held to their originals' recorded verdicts in ``tests/test_aime_scorers.py``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from typing import Any
 
 import pytest
 
-from snapeval.errors import SnapevalError
 from snapeval.sandbox import SandboxLimits
 from snapeval.stats import pass_at
-from snapeval.tasks import aime24 as aime
 from snapeval.tasks import livecodebench as lcb
 from snapeval.tasks import longbench_v2 as lb
 
@@ -181,7 +179,6 @@ def test_lcb_times_each_call_not_the_interpreter_or_the_compilation() -> None:
     )
     report = lcb.run_tests(slow, APPEND, SandboxLimits(timeout_s=1))
     assert report.passed, report
-    assert 0.6 < report.seconds < 1.0
     too_slow = slow.replace("time.sleep(0.7)\n        return", "time.sleep(1.3)\n        return")
     assert lcb.run_tests(too_slow, APPEND, SandboxLimits(timeout_s=1)).verdict == "timeout"
 
@@ -249,20 +246,6 @@ def test_longbench_answer_extraction(response: str, official: str | None, after_
     assert lb.extract_answer(response, "after_reasoning") == after_reasoning
 
 
-AIME = [
-    ("So \\boxed{25}.", "25", "25"),
-    ("<think>\\boxed{7}</think>The answer is \\boxed{25}.", "25", "25"),
-    ("<think>It is \\boxed{204}.</think>I could not finish.", "204", None),
-    ("The answer is 204.", None, None),
-]
-
-
-@pytest.mark.parametrize(("output", "whole", "after_reasoning"), AIME)
-def test_aime_answer_extraction(output: str, whole: str | None, after_reasoning: str | None) -> None:
-    assert aime.extract_answer(output) == after_reasoning  # snapeval's default
-    assert aime.extract_answer(output, "response") == whole  # Qwen2.5-Math: the last box anywhere
-
-
 # --- LiveCodeBench data and metrics -----------------------------------------------------------------
 
 
@@ -306,30 +289,6 @@ def test_longbench_composes_with_the_official_120k_budget() -> None:
     assert qwen["model"]["config_overrides"]["rope_parameters"]["rope_type"] == "yarn"
 
 
-@pytest.mark.parametrize(
-    ("preset", "task", "generation"),
-    [
-        ("livecodebench_official", "livecodebench", {"temperature": 0.2, "top_p": 0.95, "num_samples": 10}),
-        ("longbench_v2_official", "longbench_v2", {"temperature": 0.1, "top_p": 1.0, "num_samples": 1}),
-        ("aime24_r1", "aime24", {"temperature": 0.6, "top_p": 0.95, "num_samples": 64}),
-    ],
-)
-def test_protocol_presets(preset: str, task: str, generation: dict[str, Any]) -> None:
-    (cfg,) = composed_sweep(None, f"+protocol={preset}")
-    assert cfg["protocol"] == {"name": preset, "task": task}
-    assert cfg["task"]["name"] == task
-    assert cfg["generation"]["do_sample"] is True
-    assert {key: cfg["generation"][key] for key in generation} == generation
-    if task == "livecodebench":
-        assert cfg["task"]["max_new_tokens"] == 2000
-        assert cfg["task"]["metadata"]["code_extraction"] == "official"
-
-
-def test_a_protocol_of_another_task_is_refused() -> None:
-    with pytest.raises(SnapevalError, match=r"^protocol: aime24_r1 is a protocol of task aime24"):
-        composed_sweep(None, "+protocol=aime24_r1", "task=livecodebench")
-
-
 def test_lcb_a_program_writing_forged_reports_gains_nothing() -> None:
     """A program that finds the grader's channel and writes reports of its own: malformed ones are
     ignored (no crash), and a forged report is judged like any other: it needs the right output."""
@@ -343,3 +302,58 @@ def test_lcb_a_program_writing_forged_reports_gains_nothing() -> None:
     report = lcb.run_tests(forge, ADD_ONE, SandboxLimits(timeout_s=1))
     assert (report.verdict, report.num_passed) == ("wrong_answer", 0), report
     assert "got '99'" in report.detail  # the forged report reached the harness, and failed
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [
+        "numpy.array(a + [x])",  # equal items, but the truth value of [True, True, True] raises
+        "numpy.array([len(a) + 1])",  # broadcast against the 3-item answer: raises too
+        "numpy.array([a + [x]])",
+        "numpy.array(a + [x, x])",  # shapes that do not compare
+        "numpy.array([7])",
+    ],
+)
+def test_lcb_numpy_arrays_compare_as_numpy_compares_them(returned: str) -> None:
+    """lcb_runner judges ``prediction == expected``: with a numpy array that is element-wise, and the
+    truth value of more than one element raises, a runtime error (each verdict recorded by running
+    lcb_runner's testing_util on the program)."""
+    code = f"import numpy\nclass Solution:\n    def append(self, a, x):\n        return {returned}"
+    problem = functional_problem("append", ("[1, 2]\n3", "[1, 2, 3]"))
+    assert lcb.run_tests(code, problem, SandboxLimits(timeout_s=2)).verdict == "runtime_error"
+
+
+def test_lcb_a_one_element_array_for_a_number_passes_as_in_lcb_runner() -> None:
+    """Recorded with lcb_runner: ``array([4])`` for 4 passes, ``array([3])`` fails, ``array([4, 3])``
+    raises."""
+    problem = functional_problem("inc", ("3", "4"))
+    one = "import numpy\nclass Solution:\n    def inc(self, x):\n        return numpy.array([x + 1])"
+    assert lcb.run_tests(one, problem, SandboxLimits(timeout_s=2)).passed
+    wrong = one.replace("[x + 1]", "[x]")
+    assert lcb.run_tests(wrong, problem, SandboxLimits(timeout_s=2)).verdict == "wrong_answer"
+    two = one.replace("[x + 1]", "[x + 1, x]")  # lcb_runner: the truth value of two elements raises
+    assert lcb.run_tests(two, problem, SandboxLimits(timeout_s=2)).verdict == "runtime_error"
+
+
+def test_lcb_the_official_preset_has_no_address_space_cap() -> None:
+    """A correct program that reserves 1.3 GB: over snapeval's default 1 GiB address space, within the
+    official preset's limits (no RLIMIT_AS, as lcb_runner; the cgroup of 8 GiB is the safety net)."""
+    (cfg,) = composed_sweep(None, "+protocol=livecodebench_official")
+    code = "reserve = bytearray(1_300_000_000)\nprint(int(input()) + 1)"
+    assert lcb.run_tests(code, ADD_ONE, SandboxLimits(timeout_s=5)).verdict in ("memory", "runtime_error")
+    task = lcb.LiveCodeBench(cfg["task"])
+    assert task.limits.address_space_bytes is None
+    assert lcb.run_tests(code, ADD_ONE, task.limits).passed
+
+
+def test_lcb_the_official_stop_ends_the_scored_text() -> None:
+    """vLLM stops at "###" (lcb_runner's stop) and drops it: text after it is never scored."""
+    (cfg,) = composed_sweep(None, "+protocol=livecodebench_official")
+    task = lcb.LiveCodeBench(cfg["task"])
+    row = {**ADD_ONE, "platform": "atcoder"}
+    good = "```python\nprint(int(input()) + 1)\n```\n"
+    after = "### Explanation\n```python\nprint(0)\n```\n"  # the last fenced block, unless cut
+    assert task.score_row(row, good + after)["pass@1"] == 1.0
+    plain = lcb.LiveCodeBench({**cfg["task"], "stop": []})
+    assert plain.score_row(row, good + after)["pass@1"] == 0.0
+    assert lcb.cut_at_stop("a##b###c###", ["###", "c"]) == "a##b"

@@ -25,7 +25,8 @@ SAMPLER = "counter-hash-v1"
 #: estimator's settings, ``task.limit`` so that a run with a larger limit reuses the samples
 #: of a smaller one, ``task.shard`` so that the shards of a point fill one point, and how answers
 #: are decoded (``generation.batch_size``, ``compile``; the retired ``draw_batch``): every path
-#: gives the same answers.
+#: gives the same answers. ``model.prompt_style`` is hashed where it acts, as the ``task.prompt_style``
+#: it sets (LiveCodeBench).
 DEFAULT_IGNORED: tuple[str, ...] = (
     "db",
     "hydra",
@@ -36,6 +37,7 @@ DEFAULT_IGNORED: tuple[str, ...] = (
     "generation.draw_batch",
     "generation.batch_size",
     "generation.compile",
+    "model.prompt_style",
 )
 
 #: Config keys that no longer exist: ``python -m snapeval.results migrate`` drops them from stored

@@ -21,13 +21,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from snapeval.errors import SnapevalError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 THINK_END = "</think>"
+RAW_ROLE = "raw"
+"""The role of a message that is the whole prompt text, special tokens included, which the model reads as
+it is (no chat template): a prompt an official harness writes out in full (LiveCodeBench's styles)."""
 ANSWER_FROM = ("response", "after_reasoning")
 DATA_DIR_ENV = "SNAPEVAL_DATA_DIR"
 DATA_PATH_FIELD = "task.metadata.data_path"  # where a Hydra run sets the local file or folder
@@ -232,8 +236,20 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
     if path.suffix == ".parquet":
         import pandas as pd
 
-        return pd.read_parquet(path).to_dict("records")
-    text = path.read_text(encoding="utf-8")
+        try:
+            return pd.read_parquet(path).to_dict("records")
+        except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid and ArrowIOError among them
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise SnapevalError(f"{path}: not a readable Parquet file ({reason})", DATA_PATH_FIELD) from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        byte = exc.object[exc.start]
+        message = f"{path}, line {line}: not UTF-8 text (byte {byte:#04x} at offset {exc.start})"
+        raise SnapevalError(message, DATA_PATH_FIELD) from None
+    except OSError as exc:
+        raise SnapevalError(f"{path}: cannot read ({exc.strerror or exc})", DATA_PATH_FIELD) from None
     if path.suffix == ".json":
         try:
             rows = json.loads(text)

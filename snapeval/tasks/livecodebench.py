@@ -34,7 +34,8 @@ from typing import Any, Literal
 from snapeval.errors import SnapevalError
 from snapeval.sandbox import DEFAULT_LIMITS, ExecutionResult, SandboxLimits, run_program
 from snapeval.tasks.base import DataSource, Task, after_reasoning, load_rows, local_file
-from snapeval.tasks.livecodebench_grader import INT_MAX_STR_DIGITS
+from snapeval.tasks.livecodebench_grader import INT_MAX_STR_DIGITS, NDARRAY
+from snapeval.tasks.livecodebench_prompts import STYLES, SYSTEM_MESSAGE, build_messages, generic_question
 
 LIVECODEBENCH = DataSource(
     name="LiveCodeBench",
@@ -42,21 +43,6 @@ LIVECODEBENCH = DataSource(
     hub_split="test",
     local_path="livecodebench/code_generation_lite_v5_public.jsonl",
     required=("question_content", "platform", "question_id", "contest_date", "public_test_cases"),
-)
-
-SYSTEM_MESSAGE = (
-    "You are an expert Python programmer. You will be given a question (problem specification) "
-    "and will generate a correct Python program that matches the specification and passes all tests."
-)
-FORMAT_WITH_STARTER_CODE = (
-    "You will use the following starter code to write the solution to the problem "
-    "and enclose your code within delimiters."
-)
-FORMAT_WITHOUT_STARTER_CODE = (
-    "Read the inputs from stdin solve the problem and write the answer to stdout "
-    "(do not directly test on the sample inputs). Enclose your code within delimiters as follows. "
-    "Ensure that when the python program runs, it reads the inputs, runs the algorithm "
-    "and writes output to STDOUT."
 )
 
 _PYTHON_FENCE_TAGS = frozenset({"", "python", "python3", "py"})
@@ -89,21 +75,6 @@ class TestReport:
     @property
     def passed(self) -> bool:
         return self.verdict == "passed"
-
-
-def build_prompt(row: Mapping[str, Any]) -> str:
-    """The user message of lcb_runner's generic (chat) code-generation prompt."""
-    prompt = f"### Question:\n{row['question_content']}\n\n"
-    if row["starter_code"]:
-        prompt += f"### Format: {FORMAT_WITH_STARTER_CODE}\n```python\n{row['starter_code']}\n```\n\n"
-    else:
-        prompt += f"### Format: {FORMAT_WITHOUT_STARTER_CODE}\n```python\n# YOUR CODE HERE\n```\n\n"
-    return prompt + "### Answer: (use the provided format with backticks)\n\n"
-
-
-def build_messages(row: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The chat messages: lcb_runner's system message and :func:`build_prompt`."""
-    return [{"role": "system", "content": SYSTEM_MESSAGE}, {"role": "user", "content": build_prompt(row)}]
 
 
 def extract_code(text: str, mode: str = "official") -> str | None:
@@ -290,14 +261,29 @@ def _judge(
         )
     if call_based:
         got = outcome.get("value")
-        correct = got == json.loads(test.output)
+        correct = _call_result_equals(got, json.loads(test.output))
         got = json.dumps(got)
+        if correct is None:
+            return "runtime_error", f"comparing {_shorten(got)} with the answer raised, as in lcb_runner"
     else:
         got = str(outcome.get("stdout", ""))
         correct = outputs_match(got, test.output)
     if correct:
         return "passed", ""
     return "wrong_answer", f"expected {_shorten(test.output)!r}, got {_shorten(got)!r}"
+
+
+def _call_result_equals(got: Any, expected: Any) -> bool | None:
+    """lcb_runner's ``prediction == expected`` as a truth value; None where that raises. A numpy array
+    compares element-wise, as there: a 1-element array equals a number it holds; a longer one raises."""
+    if isinstance(got, dict) and set(got) == {NDARRAY}:
+        import numpy as np
+
+        try:
+            return bool(np.array(got[NDARRAY]) == expected)
+        except (ValueError, TypeError):
+            return None
+    return got == expected
 
 
 def _stripped_lines(text: str) -> list[str]:
@@ -323,7 +309,10 @@ def _shorten(text: str, limit: int = 300, *, keep_end: bool = False) -> str:
 class LiveCodeBench(Task):
     """LiveCodeBench code generation; ``pass@1`` overall and per platform (AtCoder, LeetCode).
 
-    Metadata: ``release`` (``release_v5``; the Hub files read), ``start_date``/``end_date`` (a
+    Config: ``prompt_style`` (lcb_runner's prompt for the model's style, see
+    :mod:`~snapeval.tasks.livecodebench_prompts`; by default the model's ``prompt_style``), ``stop``
+    (strings that end an answer: the text from the first one on is not scored, as lcb_runner's vLLM
+    ``stop``). Metadata: ``release`` (``release_v5``; the Hub files read), ``start_date``/``end_date`` (a
     contest-date window), ``code_extraction`` (``official`` or ``lenient``, see :func:`extract_code`),
     ``data_path`` (a local copy, taken whole).
     """
@@ -333,6 +322,18 @@ class LiveCodeBench(Task):
     options = {"code_extraction": EXTRACTIONS}
     system_message = SYSTEM_MESSAGE
     id_field = "question_id"
+
+    def __init__(self, cfg: Mapping[str, Any], seed: int = 0) -> None:
+        super().__init__(cfg, seed)
+        self.prompt_style: str = cfg.get("prompt_style") or next(iter(STYLES))
+        if self.prompt_style not in STYLES:
+            message = f"unknown prompt style {self.prompt_style!r}; choose one of {', '.join(STYLES)}"
+            raise SnapevalError(message, "task.prompt_style")
+        self.stop: tuple[str, ...] = tuple(cfg.get("stop") or ())
+        try:
+            self.limits = SandboxLimits(**dict(cfg.get("sandbox") or {}))
+        except TypeError as exc:
+            raise SnapevalError(f"not a SandboxLimits field ({exc})", "task.sandbox") from None
 
     def rows(self, tokenizer=None) -> list[dict]:
         release = self.metadata.get("release") or "release_v5"
@@ -350,11 +351,22 @@ class LiveCodeBench(Task):
         return rows
 
     def user_text(self, row) -> str:
-        return build_prompt(row)
+        return generic_question(row)
+
+    def messages(self, row) -> list[dict[str, str]]:
+        return build_messages(row, self.prompt_style)
 
     def target(self, row) -> str:
         return ""
 
     def score_row(self, row, output: str) -> dict[str, float]:
-        passed = float(run_tests(extract_code(output, self.metadata["code_extraction"]), row).passed)
+        code = extract_code(cut_at_stop(output, self.stop), self.metadata["code_extraction"])
+        passed = float(run_tests(code, row, self.limits).passed)
         return {"pass@1": passed, f"pass@1_{row['platform']}": passed}
+
+
+def cut_at_stop(output: str, stop: Iterable[str]) -> str:
+    """``output`` up to the first occurrence of any stop string (vLLM drops the stop string and what
+    follows; generation that ran on past it leaves the same text before it)."""
+    cut = min((index for text in stop if text and (index := output.find(text)) >= 0), default=len(output))
+    return output[:cut]

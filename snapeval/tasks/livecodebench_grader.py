@@ -18,8 +18,9 @@ functional problems, the test inputs, the per-test limit) from stdin and grades 
 The expected outputs never enter the sandbox: each test's outcome (captured stdout, or the returned
 value as JSON) is written on a channel to the harness, which judges it. A returned value is written
 so that JSON equality in the harness is Python equality in lcb_runner (numpy scalars become Python
-numbers; tuples inside a result, non-string dict keys and values with no JSON form never equal a
-JSON answer), except that an object's own ``__eq__`` is never trusted.
+numbers, a numpy array is compared by the harness as numpy compares it; tuples inside a result,
+non-string dict keys and values with no JSON form never equal a JSON answer), except that an object's
+own ``__eq__`` is never trusted.
 """
 
 import ast
@@ -60,6 +61,7 @@ DISABLED = {
 }
 BLOCKED_MODULES = ("ipdb", "joblib", "resource", "psutil", "tkinter")
 NOT_EQUAL = "\x1esnapeval:no-json-equal"  # a JSON object key no benchmark answer holds
+NDARRAY = "\x1esnapeval:ndarray"  # a numpy array's items, compared by the harness as numpy compares
 
 
 class TimeLimitExceeded(Exception):
@@ -104,6 +106,8 @@ def json_value(value):
         return json_value(value.item())
     if isinstance(value, list):
         return [json_value(item) for item in value]
+    if type(value).__module__ == "numpy" and type(value).__name__ == "ndarray":
+        return {NDARRAY: json_value(value.tolist())}
     if isinstance(value, dict) and all(isinstance(key, str) for key in value):
         return {key: json_value(item) for key, item in value.items()}
     return {NOT_EQUAL: type(value).__name__}

@@ -1,0 +1,73 @@
+"""A protocol preset's deviations from the official run, named at the start of a run.
+
+A preset (``conf/protocol/<name>.yaml``) sets its task's settings to the official harness's and lists,
+in ``protocol.deviations``, what it still does otherwise (names of README "Protocols" rows, each with a
+test; ``[]`` ideally). That list is part of the composed config, so it is stored with every run and
+its rows. A setting of the preset changed after it on the command line is one more deviation: the
+stored config holds the changed value; :func:`changed_settings` names it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import yaml
+
+from snapeval.paths import CONF_DIR
+
+
+def preset_settings(name: str) -> dict[str, Any]:
+    """The settings preset ``name`` fixes, by dotted key (``task.max_new_tokens``): its file's values
+    outside ``protocol`` and ``defaults`` (interpolations left out: they follow other settings)."""
+    content = yaml.safe_load((CONF_DIR / "protocol" / f"{name}.yaml").read_text()) or {}
+    sections = {key: value for key, value in content.items() if key not in ("defaults", "protocol")}
+    return {
+        path: value
+        for path, value in _leaves(sections)
+        if not (isinstance(value, str) and value.startswith("${"))
+    }
+
+
+def changed_settings(config: Mapping[str, Any]) -> list[str]:
+    """``key=value (preset: value)`` for each setting of the config's preset that the config changes."""
+    protocol = config.get("protocol")
+    if not protocol:
+        return []
+    changed = []
+    for path, official in preset_settings(protocol["name"]).items():
+        value = _lookup(config, path)
+        if value != official:
+            changed.append(f"{path}={value!r} (preset: {official!r})")
+    return changed
+
+
+def deviations(config: Mapping[str, Any]) -> list[str]:
+    """Every deviation of a run under a preset from the official run: the preset's, then the changes."""
+    protocol = config.get("protocol")
+    return [*protocol.get("deviations", []), *changed_settings(config)] if protocol else []
+
+
+def announce(config: Mapping[str, Any]) -> None:
+    """Print a preset's deviations from the official run (nothing for a run without a preset)."""
+    protocol = config.get("protocol")
+    if protocol:
+        found = deviations(config)
+        listed = "; ".join(found) if found else "none"
+        print(f"protocol {protocol['name']}: deviations from the official run: {listed}", file=sys.stderr)
+
+
+def _leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _lookup(config: Mapping[str, Any], path: str) -> Any:
+    value: Any = config
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
