@@ -3,7 +3,8 @@ print its table (:func:`format_summary`).
 
 A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``), or a database that
 cannot be used (``db.url``), is refused in one line with exit code 2 before torch and transformers load
-(:mod:`snapeval.schema`). Ctrl-C or SIGTERM ends the run as ``interrupted`` (exit 130 or 143).
+(:mod:`snapeval.schema`); cache parameters, data files, shards and drafts next, before any model loads
+(:mod:`snapeval.preflight`). Ctrl-C or SIGTERM ends the run as ``interrupted`` (exit 130 or 143).
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def check_before_hydra(overrides: list[str]) -> None:
         from snapeval.results import ResultsDB  # the database opens (or fails on db.url) in a second
 
         ResultsDB(config["db"]["url"]).close()
+        if config["job"] == "evaluate":  # cache, task, data, shard and drafts: before any model loads
+            from snapeval.preflight import check_inputs
+
+            check_inputs(config)
 
 
 def _task_label(config: Mapping[str, Any]) -> str:

@@ -36,9 +36,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from snapeval.batch_rows import check_rows_fit
 from snapeval.cache import SnapevalCache, build_cache, effective_params, method_class
 from snapeval.cache.grid import CacheGrid
-from snapeval.cache.slots import SlotCache, rerotates
+from snapeval.cache.slots import SlotCache, cached_shapes, rerotates
 from snapeval.errors import SnapevalError
 from snapeval.generation import append_logits, prefill_logits, synchronize, take_token
 from snapeval.sampling import Sampling, sample_one, sample_tokens
@@ -321,6 +322,7 @@ class ContinuousBatcher:
         compiled step) while it is large enough."""
         capacity = max(self._slots_needed(request) for request in requests)
         if self.slots is None or self.slots.capacity < capacity:
+            check_rows_fit(self.rows, capacity, cached_shapes(self.model), self.model.device)
             self.slots = SlotCache.for_model(self.model, self.rows, capacity)
             _pin_for_cuda_graphs(self.slots.tensors())
 

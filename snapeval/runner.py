@@ -19,11 +19,13 @@ from typing import Any
 from tqdm import tqdm
 
 from snapeval import schema
+from snapeval.batch_rows import usable_rows
 from snapeval.cache import effective_params, install
 from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
 from snapeval.errors import SnapevalError
 from snapeval.grid import check_grid, grid_points, shares_prefill
 from snapeval.models import ModelSpec, attach_drafts, check_device, load_model, load_tokenizer
+from snapeval.preflight import check_drafts, check_shard
 from snapeval.prompting import encode_with_split, fit_to_window, truncate_content
 from snapeval.records import answer_text, sample_row
 from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
@@ -58,12 +60,6 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     (:mod:`snapeval.schema`), then those that need the engine."""
     schema.check(cfg)
     task = cfg["task"]
-    protocol = cfg.get("protocol")
-    if protocol and protocol["task"] != task["name"]:
-        raise SnapevalError(
-            f"{protocol['name']} is a protocol of task {protocol['task']}, not of task {task['name']}",
-            "protocol",
-        )
     if task["name"] == "livecodebench":  # graded in the sandbox: a machine that cannot run it fails now
         isolation()
     check_compile(cfg["generation"]["compile"])
@@ -107,7 +103,10 @@ def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
         spec = ModelSpec.from_config(cfg["model"])
         task = load_task(cfg["task"], cfg["seed"])
         prompts = task.prompts(load_tokenizer(spec))[: cfg["task"].get("limit")]
-        prompts = shard(draws(prompts, cfg["generation"]["num_samples"]), cfg["task"].get("shard"))
+        prompts = draws(prompts, cfg["generation"]["num_samples"])
+        check_shard(len(prompts), cfg["task"].get("shard"))
+        check_drafts([config["cache"] for config in configs])
+        prompts = shard(prompts, cfg["task"].get("shard"))
         lease_s = cfg["db"].get("lease_s", DEFAULT_LEASE_S)
         points = _start_points(db, configs, prompts, lease_s)
         run_ids = [point.run_id for point in points]
@@ -263,9 +262,11 @@ def _evaluate(
         store(point, prompt, calls)
         return []
 
-    batch_size = generation_cfg["batch_size"]
+    groups = [points] if shares_prefill(cfg) else [[point] for point in points]
+    most = max(sum(prompt.id in point.todo for prompt in prompts for point in group) for group in groups)
+    batch_size = usable_rows(generation_cfg["batch_size"], most)  # rows beyond the requests stay idle
     batcher = ContinuousBatcher(model, batch_size, generation_cfg["compile"])
-    for group in [points] if shares_prefill(cfg) else [[point] for point in points]:
+    for group in groups:
         queued = [
             request(point, prompt, prompt.messages, max_new_tokens, [])
             for prompt in prompts

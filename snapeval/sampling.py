@@ -23,12 +23,17 @@ _MASK32 = 0xFFFFFFFF
 
 @dataclass(frozen=True)
 class Sampling:
-    """Greedy when ``do_sample`` is false; else temperature / nucleus sampling from ``seed``."""
+    """Greedy when ``do_sample`` is false; else temperature / nucleus sampling from ``seed``. The
+    generator reads 64 bits of the seed: a larger one is taken modulo 2**64 (as a signed int64, so that
+    a tensor holds it; seeds below 2**63 are unchanged)."""
 
     do_sample: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", (int(self.seed) + 2**63) % 2**64 - 2**63)
 
 
 def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:

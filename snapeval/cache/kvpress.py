@@ -87,10 +87,13 @@ class KvpressCache(SnapevalCache):
 
 def _press(name: str, press_args: str) -> Any:
     """An instance of kvpress's press class ``name`` with ``press_args`` (a JSON object)."""
+    arguments = _press_arguments(press_args)
     try:
         kvpress = importlib.import_module("kvpress")
     except ImportError:
-        raise SnapevalError(f"kvpress is not installed; {INSTALL}", "cache.press") from None
+        raise SnapevalError(
+            f"kvpress, which has press {name!r}, is not installed; {INSTALL}", "cache.press"
+        ) from None
     cls = getattr(kvpress, str(name), None)
     if cls is None or not callable(getattr(cls, "score", None)):
         scorers = sorted(
@@ -100,9 +103,19 @@ def _press(name: str, press_args: str) -> Any:
             f"no kvpress scorer press {name!r}; choose one of {', '.join(scorers)}", "cache.press"
         )
     try:
-        arguments = json.loads(press_args)
-        if not isinstance(arguments, dict):
-            raise ValueError("not a JSON object")
         return cls(**arguments)
     except (ValueError, TypeError, AssertionError) as error:
         raise SnapevalError(f"{name} does not take {press_args}: {error}", "cache.press_args") from None
+
+
+def _press_arguments(press_args: str) -> dict[str, Any]:
+    """``press_args`` read as a JSON object."""
+    try:
+        arguments = json.loads(press_args)
+    except (TypeError, ValueError) as error:
+        raise SnapevalError(f"not JSON ({error}): {press_args!r}", "cache.press_args") from None
+    if not isinstance(arguments, dict):
+        raise SnapevalError(
+            f'must be a JSON object ({{"name": value}}), got {press_args!r}', "cache.press_args"
+        )
+    return arguments

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 DEFAULT_LEASE_S = 120
+STALE_ERROR = "stale:"  # how the error of a run closed because its worker was found gone begins
 
 
 def utcnow() -> datetime:
@@ -42,7 +43,9 @@ def worker_gone(hostname: str | None, pid: int | None) -> bool:
 
 def run_state(run: Mapping[str, Any], now: datetime | None = None) -> str:
     """A run's status as stored, or ``stale`` for a ``running`` run whose worker is gone (its heartbeat
-    expired, or its process on this host has ended)."""
+    expired, or its process on this host has ended), and for one closed as such (:data:`STALE_ERROR`)."""
+    if run["status"] == "failed" and str(run.get("error") or "").startswith(STALE_ERROR):
+        return "stale"
     if run["status"] != "running":
         return run["status"]
     expires = run.get("expires_at") or run["created_at"]  # runs stored before heartbeats: their start

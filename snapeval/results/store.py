@@ -22,7 +22,7 @@ from snapeval.results.identity import (
     package_versions,
     without_retired_keys,
 )
-from snapeval.results.leases import DEFAULT_LEASE_S, expiry, run_state, utcnow, worker_gone
+from snapeval.results.leases import DEFAULT_LEASE_S, STALE_ERROR, expiry, run_state, utcnow, worker_gone
 from snapeval.results.schema import RunStatus, claims, memory_estimates, runs, samples
 
 #: The supported databases, with their INSERT that can skip or replace a row already stored.
@@ -73,7 +73,29 @@ class ResultsDB:
             "method": flat.get(ALIASES["method"]),
         }
         with self.engine.begin() as conn:
-            return conn.execute(runs.insert().values(values)).inserted_primary_key[0]
+            run_id = conn.execute(runs.insert().values(values)).inserted_primary_key[0]
+        self._close_stale(config_hash, run_id)
+        return run_id
+
+    def _close_stale(self, config_hash: str, run_id: int) -> None:
+        """Mark the runs of ``config_hash`` still ``running`` whose worker is gone (killed, its node lost)
+        as failed, naming why, so that the runs table no longer shows them running."""
+        query = select(runs).where(
+            (runs.c.config_hash == config_hash) & (runs.c.status == "running") & (runs.c.id != run_id)
+        )
+        now = utcnow()
+        with self.engine.connect() as conn:
+            dead = [run for run in conn.execute(query).mappings() if run_state(run, now) == "stale"]
+        with self.engine.begin() as conn:
+            for run in dead:
+                error = (
+                    f"{STALE_ERROR} its worker ({run['hostname']}, pid {run['pid']}) was gone (killed or "
+                    f"lost) when run {run_id} of the same point started"
+                )
+                still_running = (runs.c.id == run["id"]) & (runs.c.status == "running")
+                values = {"status": "failed", "error": error, "finished_at": now}
+                conn.execute(update(runs).where(still_running).values(values))
+                conn.execute(delete(claims).where(claims.c.run_id == run["id"]))
 
     def finish_run(self, run_id: int, status: RunStatus = "finished", error: str | None = None) -> None:
         """Close a run with its final status (and error message, if it failed); drop its claims."""

@@ -21,7 +21,7 @@ prompt takes at most ``context_length`` tokens and falls short of it by a few to
 from __future__ import annotations
 
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from random import Random
@@ -38,6 +38,7 @@ ScoreMode = Literal["all", "part"]
 
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 VT_HOPS = 4
+MAX_SAMPLES = 100_000  # samples a task generates (``num_samples``, raised to ``limit``), all up front
 MULTI_NEEDLES = 4
 
 # fmt: off
@@ -272,10 +273,20 @@ class Ruler(Task):
     id_field = "id"
     needs_tokenizer = True
 
+    def __init__(self, cfg: Mapping[str, Any], seed: int = 0) -> None:
+        super().__init__(cfg, seed)
+        self.num_samples: int = max(cfg["num_samples"], cfg.get("limit") or 0)
+        if self.num_samples > MAX_SAMPLES:
+            field = "task.limit" if (cfg.get("limit") or 0) > cfg["num_samples"] else "task.num_samples"
+            raise SnapevalError(
+                f"{self.num_samples} samples would be generated before the first is evaluated; "
+                f"a generated task makes at most {MAX_SAMPLES:,}",
+                field,
+            )
+
     def rows(self, tokenizer: PreTrainedTokenizerBase | None) -> list[dict[str, Any]]:
         cfg = self.config
-        num_samples = max(cfg["num_samples"], cfg.get("limit") or 0)
-        return to_docs(generate(cfg["kind"], tokenizer, cfg["context_length"], num_samples, self.seed))
+        return to_docs(generate(cfg["kind"], tokenizer, cfg["context_length"], self.num_samples, self.seed))
 
     def user_text(self, row) -> str:
         return row["prompt"]

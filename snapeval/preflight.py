@@ -1,0 +1,87 @@
+"""What a run checks before it loads a model, so that a bad input fails in seconds, not after loading:
+the cache's parameters (or the grid's), the task and its data file, the samples a shard gets, and the
+draft models a cache names.
+
+:func:`check_inputs` is called by the front door (``python -m snapeval``) once the schema
+(:mod:`snapeval.schema`) has passed; the runner calls the same checks before it loads the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from snapeval.errors import SnapevalError
+from snapeval.paths import CONF_DIR
+
+DRAFT_FIELD = "cache.draft"
+SELF_DRAFT = "self"
+
+
+def check_inputs(config: Mapping[str, Any]) -> None:
+    """Every check that needs no model weights: cache parameters, task, data rows, shard, drafts."""
+    from snapeval.tasks import load_task
+
+    task = load_task(config["task"], config["seed"])
+    if not task.needs_tokenizer:  # rows are read from a file (or the Hub): read them now
+        count = len(task.rows(None)[: config["task"].get("limit")])
+    else:  # generated: as many as asked for
+        count = config["task"].get("limit") or config["task"].get("num_samples") or 1
+    check_shard(count * config["generation"]["num_samples"], config["task"].get("shard"))
+
+    from snapeval.cache import build_cache  # torch and transformers load here
+    from snapeval.grid import check_grid, grid_points
+
+    if config.get("grid") is None:  # the schema checked a shipped method's keys; an outside one's here
+        cache = config["cache"]
+        outside = ":" in str(cache.get("method"))
+        build_cache({k: v for k, v in cache.items() if v is not None} if outside else cache, strict=outside)
+    else:
+        check_grid(config)
+    check_drafts([point["cache"] for point in grid_points(config)])
+
+
+def check_shard(samples: int, spec: str | None) -> None:
+    """Refuse a shard (``i/n``) that gets none of the run's ``samples``."""
+    if spec is None:
+        return
+    index, count = map(int, spec.split("/"))
+    if samples * (index + 1) // count == samples * index // count:
+        raise SnapevalError(
+            f"shard {spec} of {samples} sample(s) is empty: use at most {samples} shards, or more samples",
+            "task.shard",
+        )
+
+
+def check_drafts(caches: list[Mapping[str, Any]]) -> None:
+    """Every draft model the caches name (``cache.draft``) must be a model config of ``conf/model``, a
+    local directory, or a Hub id (``owner/name``) whose config can be read; its config is read, not its
+    weights."""
+    drafts = {str(cache["draft"]) for cache in caches if cache.get("draft") not in (None, SELF_DRAFT)}
+    for name in sorted(drafts):
+        _check_draft(name)
+
+
+def _check_draft(name: str) -> None:
+    from snapeval.models import model_spec, resolve_pretrained
+
+    models = sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml"))
+    if not (CONF_DIR / "model" / f"{name}.yaml").is_file() and "/" not in name and not Path(name).exists():
+        raise SnapevalError(
+            f"no model {name!r}: give self, a model config ({', '.join(models)}), a local directory or a "
+            "Hub id (owner/name)",
+            DRAFT_FIELD,
+        )
+    spec = model_spec(name)
+    try:
+        source = resolve_pretrained(spec.pretrained)
+    except SnapevalError as exc:
+        raise SnapevalError(str(exc).removeprefix(f"{exc.field}: "), DRAFT_FIELD) from None
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(source, gguf_file=spec.gguf_file)
+    except (OSError, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SnapevalError(f"cannot load draft {name!r}: {reason}", DRAFT_FIELD) from None
