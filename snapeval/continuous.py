@@ -39,7 +39,7 @@ from transformers import PreTrainedModel
 from snapeval.batch_rows import check_rows_fit
 from snapeval.cache import SnapevalCache, build_cache, effective_params, method_class
 from snapeval.cache.grid import CacheGrid
-from snapeval.cache.slots import SlotCache, cached_shapes, rerotates
+from snapeval.cache.slots import SlotCache, cached_shapes
 from snapeval.errors import SnapevalError
 from snapeval.generation import append_logits, prefill_logits, synchronize, take_token
 from snapeval.sampling import Sampling, sample_one, sample_tokens
@@ -229,7 +229,7 @@ class ContinuousBatcher:
         state = _RowSampling.empty(self.rows, device)
         for request in queue:  # settle the step's Python flags before it first compiles
             state.note(request.sampling)
-            self.slots.any_rerotate |= rerotates(build_cache(request.cache, strict=False))
+            self.slots.admit(build_cache(request.cache, strict=False))
         _pin_for_cuda_graphs([state.do_sample, state.temperature, state.top_p, state.seed, state.counter])
         step = self._compiled_step() if self.compiled else self.step
         tokens = torch.zeros(self.rows, dtype=torch.long, device=device)
@@ -240,7 +240,7 @@ class ContinuousBatcher:
             for request in added:
                 shares[request.prefill_key()] += 1
                 state.note(request.sampling)
-                self.slots.any_rerotate |= rerotates(build_cache(request.cache, strict=False))
+                self.slots.admit(build_cache(request.cache, strict=False))
             if added and (needed := max(map(self._slots_needed, added))) > self.slots.capacity:
                 self.slots = self.slots.grown(needed)  # rare: a request longer than any reserved for
                 _pin_for_cuda_graphs(self.slots.tensors())

@@ -18,10 +18,13 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+from snapeval.cache.attention import check_model_config
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 
@@ -134,16 +137,30 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def base_attention(config: PretrainedConfig) -> str:
+    """The attention a family runs under the engine: SDPA, or eager for a family whose attention SDPA
+    cannot express (Gemma 2's logit softcap, GPT-OSS's sinks: transformers marks them so)."""
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+
+
 @functools.lru_cache(maxsize=2)
-def load_model(spec: ModelSpec, attn_implementation: str = "sdpa") -> PreTrainedModel:
-    """The causal LM in eval mode on the chosen device and dtype."""
+def load_model(spec: ModelSpec, attn_implementation: str | None = None) -> PreTrainedModel:
+    """The causal LM in eval mode on the chosen device and dtype, with ``attn_implementation`` or the
+    family's :func:`base_attention`. A family the KV-cache engine cannot serve is refused from its config,
+    before the weights load (:func:`snapeval.cache.attention.check_model_config`)."""
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     source = resolve_pretrained(spec.pretrained)
     try:
         config = AutoConfig.from_pretrained(source, gguf_file=spec.gguf_file)
-        for key, value in json.loads(spec.config_overrides or "{}").items():
-            setattr(config, key, value)
+    except (OSError, ValueError) as exc:
+        raise _load_error(spec, exc) from exc
+    for key, value in json.loads(spec.config_overrides or "{}").items():
+        setattr(config, key, value)
+    check_model_config(config)
+    attn_implementation = attn_implementation or base_attention(config)
+    try:
         model = AutoModelForCausalLM.from_pretrained(
             source,
             config=config,

@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from snapeval.cache import StreamingLLMCache, install
-from snapeval.cache.attention import ROPE_INV_FREQ
+from snapeval.cache.attention import ROPE_INV_FREQ, ROPE_ROTATION
 from snapeval.errors import SnapevalError
 from snapeval.models import encode_chat
 
@@ -45,16 +45,16 @@ def test_left_padded_batch_rerotates_each_row_as_if_alone(smollm):
         assert (batched[: len(alone), row] - alone).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("readable", [False, True], ids=["no_inv_freq", "partial_rotary"])
-def test_rerotate_refuses_a_rotary_embedding_it_cannot_read(smollm, monkeypatch, readable):
+@pytest.mark.parametrize("why", [None, "llama: no RoPE here"], ids=["not_installed", "unreadable"])
+def test_rerotate_refuses_a_rotary_embedding_it_cannot_read_before_decoding(smollm, monkeypatch, why):
     for module in attention_modules(smollm.model):
-        monkeypatch.setattr(module, ROPE_INV_FREQ, getattr(module, ROPE_INV_FREQ)[:16] if readable else None)
+        monkeypatch.setitem(vars(module), ROPE_ROTATION, why)
     prompt_ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTION}])
     cache = StreamingLLMCache(budget=16, rerotate=True)
     with pytest.raises(SnapevalError) as error, torch.inference_mode():
-        smollm.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)
-        smollm.model(input_ids=torch.tensor([[prompt_ids[-1]]]), past_key_values=cache)
+        smollm.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)  # the prefill refuses
     assert error.value.field == "cache.rerotate"
+    assert why is None or str(error.value) == f"cache.rerotate: {why}"
 
 
 def test_install_reads_no_frequencies_that_change_with_the_sequence_length():

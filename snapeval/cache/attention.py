@@ -8,29 +8,40 @@ outside the call, so two models or two threads never see each other's cache, and
 traces it as plain arguments. When that cache is a snapeval cache, the attention function registered
 here as ``"snapeval"``
 
-* at prefill, runs ordinary SDPA with the model's causal/padding mask, and afterwards gives the cache the
-  layer's post-RoPE queries so it can score and compress that layer at once;
-* at decode, replaces the model's mask by the cache's own: which slots are valid and causally visible.
-  A compressed cache holds tokens out of order, so only the cache knows that mask. The cache may also
-  transform the keys attended to (:meth:`~snapeval.cache.base.SnapevalCache.attention_keys`).
+* at prefill, runs the model's base attention with the model's causal/padding (and sliding-window) mask,
+  and afterwards gives the cache the layer's post-RoPE queries so it can score and compress that layer;
+* at decode, replaces the model's mask by the cache's own (that of a snapeval cache or of the batcher's
+  :class:`~snapeval.cache.slots.SlotCache`): which slots are valid, causally visible and, on a layer with
+  a sliding window, inside it (:func:`snapeval.cache.base.visible_slots`). A compressed cache holds tokens
+  out of order, so only the cache knows that mask. The cache may also transform the keys attended to
+  (:meth:`~snapeval.cache.base.SnapevalCache.attention_keys`).
 
-With any other cache (or none) it is exactly transformers' SDPA. :func:`install` switches a model to it.
+The base attention is chosen once per model by :func:`install`: SDPA (boolean masks), or, for a family
+whose attention SDPA cannot express (Gemma 2's logit softcap, GPT-OSS's attention sinks ``s_aux``), the
+family's own eager attention (additive float masks), which applies the softcap and sinks itself. With
+any other cache (or none) it is exactly that base attention.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from snapeval.cache.base import SnapevalCache
+from snapeval.cache.mla import is_latent
+from snapeval.cache.rope import key_rotation
 from snapeval.errors import SnapevalError
 
 ATTENTION_NAME = "snapeval"
+EAGER_ATTENTION_NAME = "snapeval_eager"  # the same function over a family's eager attention
+BASE_ATTENTION = "snapeval_base_attention"  # attribute that install() sets: the module's base attention
+ROPE_ROTATION = "snapeval_rope_rotation"  # attribute that install() sets: KeyRotation, or why there is none
 ROPE_INV_FREQ = "snapeval_rope_inv_freq"  # attribute that install() sets on every attention module
 CACHE_KWARG = "snapeval_cache"  # the keyword that carries a layer's past_key_values to the attention
 ROTARY_MODULE = "snapeval_rotary_emb"  # the model's rotary embedding module, kept on every attention module
@@ -53,31 +64,41 @@ def snapeval_attention(
     layer_idx = module.layer_idx
     cache = kwargs.pop(CACHE_KWARG, None)
     inputs = kwargs.pop(INPUTS_KWARG, None)
-    if not isinstance(cache, SnapevalCache):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    if cache.awaiting_prefill(layer_idx):
-        output = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    base = getattr(module, BASE_ATTENTION, sdpa_attention_forward)
+    owns_mask = getattr(cache, "owns_decode_mask", False)
+    if not owns_mask:
+        return base(module, query, key, value, attention_mask, **kwargs)
+    if isinstance(cache, SnapevalCache) and cache.awaiting_prefill(layer_idx):
+        output = base(module, query, key, value, attention_mask, **kwargs)
         scaling = kwargs.get("scaling") or module.scaling
         valid = _valid_columns(attention_mask, key)
         cache.finish_prefill(layer_idx, query, valid, scaling, module, inputs)
         return output
-    mask = cache.attention_mask(layer_idx, query.shape[2], query.shape[1])
-    key = cache.attention_keys(layer_idx, key, module)
+    mask = cache.attention_mask(layer_idx, query.shape[2], query.shape[1], kwargs.get("sliding_window"))
+    if isinstance(cache, SnapevalCache):
+        key = cache.attention_keys(layer_idx, key, module)
     kwargs["is_causal"] = False
-    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+    if mask is not None and base is not sdpa_attention_forward:  # eager attention adds its mask
+        mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(query.dtype).min
+        )
+    return base(module, query, key, value, mask, **kwargs)
 
 
 def _valid_columns(attention_mask: torch.Tensor | None, key: torch.Tensor) -> torch.Tensor:
-    """(batch, kv_len) bool: which prompt columns are real tokens, read off the last query's mask row.
+    """(batch, kv_len) bool: which prompt columns are real tokens, read off the mask's diagonal.
 
-    With left padding the last prompt token is always real, so its row shows exactly the non-pad columns.
+    A real token always sees itself, a padding column is hidden from every query: the diagonal tells them
+    apart even on a sliding-window layer, whose last row hides real tokens outside its window.
     """
     batch, _, kv_len, _ = key.shape
     if attention_mask is None:
         return torch.ones(batch, kv_len, dtype=torch.bool, device=key.device)
-    row = attention_mask[:, 0, -1, :kv_len]
-    row = row if row.dtype == torch.bool else row == 0
-    return row.expand(batch, kv_len)
+    mask = attention_mask[:, 0, :, :kv_len]
+    mask = mask if mask.dtype == torch.bool else mask == 0
+    earlier = kv_len - mask.shape[-2]  # columns before the first query (none in a single prefill)
+    diagonal = mask.diagonal(offset=earlier, dim1=-2, dim2=-1)
+    return torch.cat([mask[:, -1, :earlier], diagonal], dim=-1).expand(batch, kv_len)
 
 
 def _rope_inv_freq(model: PreTrainedModel) -> torch.Tensor | None:
@@ -101,6 +122,8 @@ def _passing_the_cache(forward: Callable) -> Callable:
 
     @functools.wraps(forward)
     def forward_with_cache(*args, past_key_values=None, **kwargs):
+        for name in (CACHE_KWARG, INPUTS_KWARG):  # passed on by an enclosing module that has a layer_idx
+            kwargs.pop(name, None)
         extra = {CACHE_KWARG: past_key_values}
         if getattr(past_key_values, "wants_layer_inputs", False):
             extra[INPUTS_KWARG] = dict(kwargs)
@@ -108,6 +131,22 @@ def _passing_the_cache(forward: Callable) -> Callable:
 
     setattr(forward_with_cache, CACHE_KWARG, True)
     return forward_with_cache
+
+
+LAYER_TYPES = ("full_attention", "sliding_attention")  # the layer types the engine caches
+
+
+def check_model_config(config: PretrainedConfig) -> None:
+    """Refuse, in one line naming the family and the feature, a model whose attention the engine cannot
+    cache exactly (read from its config alone, before any weight loads)."""
+    family = getattr(config, "model_type", type(config).__name__)
+    for layer_type in dict.fromkeys(getattr(config, "layer_types", None) or []):
+        if layer_type not in LAYER_TYPES:
+            raise SnapevalError(
+                f"{family}: {layer_type} layers are not supported by the KV-cache engine (it caches "
+                f"{' and '.join(LAYER_TYPES)} layers)",
+                "model",
+            )
 
 
 def install(model: PreTrainedModel) -> PreTrainedModel:
@@ -124,19 +163,36 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
             "so the KV-cache engine cannot drive it; use a model such as Llama, Qwen2 or Mistral",
             "model",
         )
-    if getattr(model.config, "sliding_window", None) and getattr(model.config, "use_sliding_window", True):
-        layer_types = getattr(model.config, "layer_types", None) or []
-        if any(t != "full_attention" for t in layer_types):
-            raise SnapevalError("models with sliding-window attention layers are not supported yet", "model")
+    check_model_config(model.config)
     inv_freq = _rope_inv_freq(model)
     rotary = getattr(model.get_decoder(), "rotary_emb", None)
-    for module in model.modules():
-        if hasattr(module, "layer_idx"):
-            setattr(module, ROPE_INV_FREQ, inv_freq)
-            vars(module)[ROTARY_MODULE] = rotary  # a plain reference, not a registered submodule
-            if not getattr(module.forward, CACHE_KWARG, False):
-                module.forward = _passing_the_cache(module.forward)
-    AttentionInterface.register(ATTENTION_NAME, snapeval_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
-    model.set_attn_implementation(ATTENTION_NAME)
+    implementation = model.config._attn_implementation
+    eager = implementation in ("eager", EAGER_ATTENTION_NAME)
+    attention_modules = [module for module in model.modules() if hasattr(module, "layer_idx")]
+    probed = next((m for m in attention_modules if hasattr(m, "head_dim") or is_latent(m)), None)
+    rotation = key_rotation(model, probed, inv_freq) if probed is not None else None
+    for module in attention_modules:
+        setattr(module, ROPE_INV_FREQ, inv_freq)
+        vars(module)[ROPE_ROTATION] = rotation
+        vars(module)[ROTARY_MODULE] = rotary  # a plain reference, not a registered submodule
+        vars(module)[BASE_ATTENTION] = _eager_attention(model, module) if eager else sdpa_attention_forward
+        if not getattr(module.forward, CACHE_KWARG, False):
+            module.forward = _passing_the_cache(module.forward)
+    name = EAGER_ATTENTION_NAME if eager else ATTENTION_NAME
+    AttentionInterface.register(name, snapeval_attention)
+    AttentionMaskInterface.register(name, eager_mask if eager else sdpa_mask)
+    model.set_attn_implementation(name)
     return model
+
+
+def _eager_attention(model: PreTrainedModel, module: torch.nn.Module) -> Callable:
+    """The eager attention of ``module``'s family (the function its modeling file defines, which applies
+    the family's softcap or sinks), for a model that cannot run SDPA."""
+    function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if function is None:
+        raise SnapevalError(
+            f"{model.config.model_type}: its attention defines no eager_attention_forward for the engine to "
+            "call, and SDPA is not available for it",
+            "model",
+        )
+    return function

@@ -171,14 +171,16 @@ class KVLayer(CacheLayerMixin):
             self.values = self.values.repeat_interleave(repeats, dim=0)
             self.positions = self.positions.repeat_interleave(repeats, dim=0)
 
-    def attention_mask(self, query_length: int, num_heads: int) -> torch.Tensor | None:
-        """(batch, num_heads, q, slots) bool: slots that are valid and not after the query; None if all."""
-        if query_length == 1 and self._dense:
+    def attention_mask(
+        self, query_length: int, num_heads: int, window: int | None = None
+    ) -> torch.Tensor | None:
+        """(batch, num_heads, q, slots) bool: the slots :func:`visible_slots` shows each query (a layer
+        with a sliding ``window`` sees only inside it); None if all."""
+        if query_length == 1 and self._dense and window is None:
             return None
-        slot_positions = self.positions[:, :, None, :]
         query_columns = torch.arange(self.seen - query_length, self.seen, device=self.positions.device)
-        visible = (slot_positions >= 0) & (slot_positions <= query_columns[:, None])
-        if query_length == 1 and bool(visible.all()):
+        visible = visible_slots(self.positions, query_columns[None], window)
+        if query_length == 1 and window is None and bool(visible.all()):
             self._dense = True  # slots only ever fill up from here on
             return None
         return visible.repeat_interleave(num_heads // visible.shape[1], dim=1)
@@ -200,6 +202,21 @@ class KVLayer(CacheLayerMixin):
         if self.keys is None:
             return 0
         return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+
+def visible_slots(positions: torch.Tensor, queries: torch.Tensor, window: int | None) -> torch.Tensor:
+    """(batch, kv_heads, q, slots) bool: which slots each query attends to, the one decode-mask rule of
+    every cache (single-sequence layers and the batcher's rows alike).
+
+    ``positions``: (batch, kv_heads, slots) input column of every slot (EMPTY: none); ``queries``:
+    (batch or 1, q) the queries' columns. Query i sees slot j iff j is held and j <= i, and on a layer
+    with a sliding ``window``, i - window < j too (transformers' sliding-window rule).
+    """
+    slots, columns = positions[:, :, None, :], queries[:, None, :, None]
+    visible = (slots >= 0) & (slots <= columns)
+    if window is not None:
+        visible &= slots > columns - window
+    return visible
 
 
 def _gather(keys, values, positions, columns):
@@ -230,6 +247,8 @@ class SnapevalCache(Cache):
     selects_before_prefill = False
     """True for a method that chooses which prompt tokens to prefill (:meth:`prefill_input`): its prefill
     is its own, never shared with other settings."""
+    owns_decode_mask = True
+    """The snapeval attention asks the cache for its decode masks (:meth:`attention_mask`)."""
 
     def __init__(self) -> None:
         super().__init__(layer_class_to_replicate=KVLayer)
@@ -290,8 +309,11 @@ class SnapevalCache(Cache):
         layer.update(prompt.keys, values)
         layer.keep(prompt.valid, self.select(prompt))
 
-    def attention_mask(self, layer_idx: int, query_length: int, num_heads: int) -> torch.Tensor | None:
-        return self.layers[layer_idx].attention_mask(query_length, num_heads)
+    def attention_mask(
+        self, layer_idx: int, query_length: int, num_heads: int, window: int | None = None
+    ) -> torch.Tensor | None:
+        """The decode mask of ``layer_idx`` (``window``: the layer's sliding window, if it has one)."""
+        return self.layers[layer_idx].attention_mask(query_length, num_heads, window)
 
     def attention_keys(self, layer_idx: int, key: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
         """The keys a decode step of ``layer_idx`` attends to: the cached ``key`` itself, by default."""

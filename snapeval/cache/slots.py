@@ -23,10 +23,11 @@ the whole model; :meth:`load_row` checks it.
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
-from snapeval.cache.attention import ROPE_INV_FREQ
-from snapeval.cache.base import EMPTY, SnapevalCache, histogram_of_kept
-from snapeval.cache.rope import rotate_keys
+from snapeval.cache.attention import ROPE_ROTATION
+from snapeval.cache.base import EMPTY, SnapevalCache, histogram_of_kept, visible_slots
+from snapeval.cache.rope import KeyRotation
 from snapeval.errors import SnapevalError
 
 
@@ -41,8 +42,9 @@ class SlotCache:
 
     Pass it as ``past_key_values`` together with ``attention_mask=cache.mask()`` and
     ``position_ids=cache.seen[:, None]``, one token per row, between :meth:`begin_step` and
-    :meth:`end_step`. ``inv_freq`` (the model's RoPE frequencies) is needed only for rows loaded from a
-    StreamingLLM cache with ``rerotate``.
+    :meth:`end_step`. ``rotation`` (how to turn the model's RoPE keys) is needed only for rows loaded from a
+    StreamingLLM cache with ``rerotate``. Keys are ``key_dim`` wide and values ``value_dim`` (MLA caches a
+    latent as keys and the narrower rotary key as values, in one cache head).
     """
 
     def __init__(
@@ -51,16 +53,17 @@ class SlotCache:
         capacity: int,
         layers: int,
         kv_heads: int,
-        head_dim: int,
+        key_dim: int,
+        value_dim: int,
         dtype: torch.dtype,
         device: torch.device,
-        inv_freq: torch.Tensor | None = None,
+        rotation: KeyRotation | str | None = None,
     ) -> None:
         self.rows, self.capacity, self.num_layers = rows, capacity, layers
-        shape = (rows, kv_heads, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.positions = [torch.full(shape[:3], EMPTY, device=device) for _ in range(layers)]
+        shape = (rows, kv_heads, capacity)
+        self.keys = [torch.zeros(*shape, key_dim, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(*shape, value_dim, dtype=dtype, device=device) for _ in range(layers)]
+        self.positions = [torch.full(shape, EMPTY, device=device) for _ in range(layers)]
         self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
         self.ring_start = torch.zeros(rows, dtype=torch.long, device=device)
         self.ring_size = torch.ones(rows, dtype=torch.long, device=device)  # an unused row: a 1-slot ring
@@ -70,35 +73,33 @@ class SlotCache:
         self.rerotate = torch.zeros(rows, dtype=torch.bool, device=device)
         self.slot_index = torch.arange(capacity, device=device)
         self._write_slot = torch.zeros(rows, dtype=torch.long, device=device)
-        self.inv_freq = None if inv_freq is None else inv_freq.to(device)
+        self.rotation = rotation  # how to re-rotate keys, or why they cannot be
         self.any_rerotate = False  # a Python flag: the rotation is traced only when a row needs it
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, rows: int, capacity: int) -> SlotCache:
-        """A slot cache shaped for ``model`` (a transformers causal LM with the snapeval attention)."""
-        config = model.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        """A slot cache shaped for ``model`` (a transformers causal LM with the snapeval attention): its
+        rows have the shapes of the tensors the model itself caches (:func:`cached_shapes`)."""
         attention = next((m for m in model.modules() if hasattr(m, "layer_idx")), None)
-        inv_freq = getattr(attention, ROPE_INV_FREQ, None)
-        return cls(
-            rows,
-            capacity,
-            config.num_hidden_layers,
-            config.num_key_value_heads,
-            head_dim,
-            model.dtype,
-            model.device,
-            inv_freq,
-        )
+        rotation = getattr(attention, ROPE_ROTATION, None)
+        layers, kv_heads, key_dim, value_dim, dtype = cached_shapes(model)
+        return cls(rows, capacity, layers, kv_heads, key_dim, value_dim, dtype, model.device, rotation)
 
     def grown(self, capacity: int) -> SlotCache:
         """A copy with ``capacity`` slots per row (rows keep their slots and cursors): for a request
         larger than any foreseen. New buffers, so a compiled step compiles again."""
-        keys = self.keys[0]
+        keys, values = self.keys[0], self.values[0]
         bigger = SlotCache(
-            self.rows, capacity, self.num_layers, keys.shape[1], keys.shape[3], keys.dtype, keys.device
+            self.rows,
+            capacity,
+            self.num_layers,
+            keys.shape[1],
+            keys.shape[3],
+            values.shape[3],
+            keys.dtype,
+            keys.device,
         )
-        bigger.inv_freq, bigger.any_rerotate = self.inv_freq, self.any_rerotate
+        bigger.rotation, bigger.any_rerotate = self.rotation, self.any_rerotate
         for index in range(self.num_layers):
             bigger.keys[index][:, :, : self.capacity] = self.keys[index]
             bigger.values[index][:, :, : self.capacity] = self.values[index]
@@ -146,9 +147,8 @@ class SlotCache:
         self.wraps[row] = 0
         rerotate = rerotates(cache) and ring_start > 0
         self.rerotate[row] = rerotate
-        if rerotate and self.inv_freq is None:
-            raise SnapevalError("re-rotating keys needs the model's RoPE frequencies", "cache.rerotate")
-        self.any_rerotate = self.any_rerotate or rerotate
+        if rerotate:
+            self.admit(cache)
         return slots
 
     # --- one decode step -------------------------------------------------------------------------
@@ -157,17 +157,39 @@ class SlotCache:
         torch.add(self.ring_start, self.ring_next, out=self._write_slot)
         self.valid.scatter_(1, self._write_slot[:, None], True)
 
+    def admit(self, cache: SnapevalCache) -> None:
+        """Prepare the step for rows loaded from ``cache``: one that re-rotates keys is refused in one line
+        (naming the family) where the model's keys cannot be re-rotated."""
+        if rerotates(cache):
+            if not isinstance(self.rotation, KeyRotation):
+                why = self.rotation or "re-rotating keys needs an installed model"
+                raise SnapevalError(why, "cache.rerotate")
+            self.any_rerotate = True
+
     def mask(self) -> torch.Tensor:
         """(rows, 1, 1, capacity) bool attention mask of the step: the slots each row holds."""
         return self.valid[:, None, None, :]
 
+    owns_decode_mask = True
+    """The snapeval attention asks the cache for its decode masks (:meth:`attention_mask`)."""
+
+    def attention_mask(
+        self, layer_idx: int, query_length: int, num_heads: int, window: int | None = None
+    ) -> torch.Tensor:
+        """The step's mask of ``layer_idx``: :meth:`mask`, or on a layer with a sliding ``window`` the
+        rule of :func:`~snapeval.cache.base.visible_slots` per KV head (rows, num_heads, 1, capacity)."""
+        if window is None:
+            return self.mask()
+        visible = visible_slots(self.positions[layer_idx], self.seen[:, None], window)
+        return visible.repeat_interleave(num_heads // visible.shape[1], dim=1)
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """transformers' cache hook: write one token per row, return the keys and values to attend."""
         keys, values, positions = self.keys[layer_idx], self.values[layer_idx], self.positions[layer_idx]
-        rows, heads, _, dim = keys.shape
+        rows, heads = keys.shape[:2]
         slot = self._write_slot[:, None, None]
-        keys.scatter_(2, slot[..., None].expand(rows, heads, 1, dim), key_states)
-        values.scatter_(2, slot[..., None].expand(rows, heads, 1, dim), value_states)
+        keys.scatter_(2, slot[..., None].expand(rows, heads, 1, keys.shape[3]), key_states)
+        values.scatter_(2, slot[..., None].expand(rows, heads, 1, values.shape[3]), value_states)
         positions.scatter_(2, slot.expand(rows, heads, 1), self.seen[:, None, None].expand(rows, heads, 1))
         if self.any_rerotate:
             return self._rerotated(keys, positions), values
@@ -192,7 +214,7 @@ class SlotCache:
         oldest = positions.masked_fill(~in_ring, torch.iinfo(positions.dtype).max).amin(dim=-1)
         last_sink = positions.masked_fill(~pinned, EMPTY).amax(dim=-1)
         evicted = (oldest - last_sink - 1) * self.rerotate[:, None]
-        turned = rotate_keys(keys, evicted, self.inv_freq)
+        turned = self.rotation.rotate(keys, evicted)
         return torch.where((pinned & self.rerotate[:, None, None])[..., None], turned, keys)
 
     # --- what a row holds ------------------------------------------------------------------------
@@ -212,5 +234,20 @@ class SlotCache:
 
     def slot_bytes(self) -> int:
         """Bytes of keys and values one slot takes in every layer and KV head."""
-        keys = self.keys[0]
-        return 2 * self.num_layers * keys.shape[1] * keys.shape[3] * keys.element_size()
+        return sum(
+            keys[0, :, 0].numel() * keys.element_size() + values[0, :, 0].numel() * values.element_size()
+            for keys, values in zip(self.keys, self.values, strict=True)
+        )
+
+
+@torch.no_grad()
+def cached_shapes(model: torch.nn.Module) -> tuple[int, int, int, int, torch.dtype]:
+    """(layers, kv_heads, key width, value width, dtype) of what ``model`` caches per token, read off the
+    tensors it hands a cache in a one-token forward: (layers, num_key_value_heads, head_dim, head_dim) for
+    most models; for MLA one head, ``kv_lora_rank`` wide keys and ``qk_rope_head_dim`` wide values."""
+    probe = DynamicCache()
+    model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=model.device), past_key_values=probe)
+    keys, values = probe.layers[0].keys, probe.layers[0].values
+    if any(layer.keys.shape != keys.shape or layer.values.shape != values.shape for layer in probe.layers):
+        raise SnapevalError("a slot cache needs a model whose layers all cache alike", "model")
+    return len(probe.layers), keys.shape[1], keys.shape[3], values.shape[3], keys.dtype

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from snapeval.cache.attention import ROPE_INV_FREQ
+from snapeval.cache.attention import ROPE_ROTATION
 from snapeval.cache.base import (
     EMPTY,
     KVLayer,
@@ -13,7 +13,7 @@ from snapeval.cache.base import (
     SnapevalCache,
     resolve_budget,
 )
-from snapeval.cache.rope import rotate_keys
+from snapeval.cache.rope import KeyRotation
 from snapeval.cache.scoring import first_valid_columns, top_columns
 from snapeval.cache.validation import check_budget, check_count
 from snapeval.errors import SnapevalError
@@ -67,12 +67,16 @@ class StreamingLLMCache(SnapevalCache):
             capacity=capacity,
         )
 
+    def finish_prefill(self, layer_idx: int, *args, **kwargs) -> None:
+        if self.rerotate:  # refused before any decode step, whatever the path
+            rotation_of(kwargs.get("module", args[3] if len(args) > 3 else None))
+        super().finish_prefill(layer_idx, *args, **kwargs)
+
     def attention_keys(self, layer_idx: int, key: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
         layer = self.layers[layer_idx]
         if not self.rerotate or layer.ring_start == 0:
             return key
-        inv_freq = _rope_frequencies(module, key.shape[-1])
-        sinks = rotate_keys(key[:, :, : layer.ring_start], _evicted(layer), inv_freq)
+        sinks = rotation_of(module).rotate(key[:, :, : layer.ring_start], _evicted(layer))
         return torch.cat([sinks, key[:, :, layer.ring_start :]], dim=2)
 
 
@@ -83,12 +87,11 @@ def _evicted(layer: KVLayer) -> torch.Tensor:
     return oldest - pinned.amax(dim=-1) - 1
 
 
-def _rope_frequencies(module: torch.nn.Module, head_dim: int) -> torch.Tensor:
-    inv_freq = getattr(module, ROPE_INV_FREQ, None)
-    if inv_freq is None or 2 * inv_freq.numel() != head_dim:
-        raise SnapevalError(
-            "re-rotating keys needs a model whose rotary embedding covers the whole head with fixed "
-            "frequencies (rotary_emb.inv_freq); this model's does not",
-            "cache.rerotate",
-        )
-    return inv_freq
+def rotation_of(module: torch.nn.Module | None) -> KeyRotation:
+    """The key rotation :func:`~snapeval.cache.install` read for ``module``'s model; refused in one line
+    (naming the family) where there is none."""
+    rotation = getattr(module, ROPE_ROTATION, None)
+    if isinstance(rotation, KeyRotation):
+        return rotation
+    why = rotation or "re-rotating keys needs a model prepared with snapeval.cache.install"
+    raise SnapevalError(why, "cache.rerotate")

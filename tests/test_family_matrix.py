@@ -1,0 +1,248 @@
+"""Every model family x every method x every path, on tiny random-weight models (tests/families.py).
+
+* A budget holding the prompt == plain transformers (a separately built, unprepared model with the same
+  weights and the family's own cache): the same 20 greedy tokens and logits within 1e-5 (fp32), on every
+  path: ``model.generate`` with the cache, :func:`snapeval.generation.generate`, the continuous batcher
+  with each request alone, and the batcher with every method in rows of one shared prefill (a
+  :class:`~snapeval.cache.grid.CacheGrid`). Windowed families (Mistral, Phi-3, Gemma 2/3, GPT-OSS) slide
+  their 64-token windows over a 300-token prompt, so a decode mask that ignores a window fails here.
+* Under eviction every path gives the tokens and logits of the one-by-one generator.
+* Re-rotation (StreamingLLM ``rerotate``): keys turned by the engine equal the family's own RoPE at the
+  later position (half-split, interleaved and partial rotary); a family it cannot turn is refused with
+  the same one line on every path.
+* bf16: every family runs every method on every path with finite logits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from snapeval.cache import build_cache, install
+from snapeval.cache.attention import ROPE_ROTATION, ROTARY_MODULE, check_model_config
+from snapeval.cache.rope import KeyRotation
+from snapeval.continuous import ContinuousBatcher, Request
+from snapeval.errors import SnapevalError
+from snapeval.generation import generate
+from tests.families import FAMILIES, WINDOW
+
+VOCAB = 512
+PROMPT_LENGTH = 300
+NEW_TOKENS = 20
+TOLERANCE = 1e-5
+HOLDING = 512  # a budget holding prompt and answer
+EXACT = {
+    "full": {"method": "full"},
+    "streaming_llm": {"method": "streaming_llm", "budget": HOLDING},
+    "snapkv": {"method": "snapkv", "budget": HOLDING},
+    "snapstream": {"method": "snapstream", "budget": HOLDING},
+    "sage_kv": {"method": "sage_kv", "budget": HOLDING},
+    "speculative_prefill": {"method": "speculative_prefill", "budget": HOLDING, "draft": "self"},
+}
+EVICTING = {
+    "streaming_llm": {"method": "streaming_llm", "budget": 96, "sinks": 4},
+    "streaming_llm_rerotate": {"method": "streaming_llm", "budget": 96, "sinks": 4, "rerotate": True},
+    "snapkv": {"method": "snapkv", "budget": 96, "window": 8, "kernel": 5},
+    "snapstream": {"method": "snapstream", "budget": 128, "window": 8, "kernel": 5, "sinks": 4, "ring": 12},
+    "sage_kv": {"method": "sage_kv", "budget": 96, "sinks": 4, "recent": 12, "window": 2},
+    "speculative_prefill": {"method": "speculative_prefill", "budget": 128, "window": 8, "chunk": 16},
+}
+NOT_REROTATED = {"gemma3"}  # per-layer RoPE bases: refused
+WINDOWED = {"mistral", "phi3", "gemma2", "gemma3", "gpt_oss"}
+ALL_LAYERS_WINDOWED = {"mistral", "phi3"}
+
+
+class LogitTap:
+    """Records every output of the model's LM head (logits before any final softcap), to compare paths."""
+
+    def __init__(self, model):
+        self.outputs: list[torch.Tensor] = []
+        self.handle = model.get_output_embeddings().register_forward_hook(self._record)
+
+    def _record(self, module, args, output):
+        self.outputs.append(output[:, -1].detach().float().clone())
+
+    def take(self) -> list[torch.Tensor]:
+        outputs, self.outputs = self.outputs, []
+        return outputs
+
+
+def build(name: str, dtype: torch.dtype = torch.float32):
+    model = FAMILIES[name](VOCAB).to(dtype)
+    model.generation_config.eos_token_id = None  # random weights: always 20 tokens
+    return model
+
+
+def prompt(seed: int = 1) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (PROMPT_LENGTH,), generator=generator).tolist()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models on a shared CPU: one thread is ~50x faster than several fighting for two cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request):
+    """(name, installed model, its logit tap, prompt, plain transformers' tokens and logits)."""
+    name, ids = request.param, prompt()
+    plain = build(name)
+    tap = LogitTap(plain)
+    with torch.inference_mode():
+        output = plain.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
+    reference = (output[0, PROMPT_LENGTH:].tolist(), torch.cat(tap.take()))
+    model = install(build(name))
+    return name, model, LogitTap(model), ids, reference
+
+
+def run_paths(model, tap, ids, settings: dict[str, dict]) -> dict[tuple[str, str], tuple[list, torch.Tensor]]:
+    """(method, path) -> (20 tokens, (20 or 19, vocab) logits) for every setting on every path."""
+    runs = {}
+    for method, params in settings.items():
+        if plain_prefill_differs(params):
+            runs.update(unplain_paths(model, tap, ids, method, params))
+            continue
+        with torch.inference_mode():
+            out = model.generate(
+                torch.tensor([ids]),
+                past_key_values=build_cache(params),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+            )
+        runs[method, "model.generate"] = (out[0, len(ids) :].tolist(), torch.cat(tap.take()[-NEW_TOKENS:]))
+        runs.update(unplain_paths(model, tap, ids, method, params))
+    requests = [Request(tuple(ids), params, NEW_TOKENS, tag=i) for i, params in enumerate(settings.values())]
+    answers = batch(model, requests)
+    steps = [logits for logits in tap.take() if logits.shape[0] == len(requests)]
+    for index, method in enumerate(settings):
+        decoded = torch.stack([step[index] for step in steps])
+        runs[method, "batcher rows, shared prefill"] = (answers[index], decoded)
+    return runs
+
+
+def plain_prefill_differs(params: dict) -> bool:
+    """Speculative prefill chooses what to prefill in snapeval's prefill; ``model.generate`` prefills the
+    whole prompt (documented in its class), so under eviction that path is another algorithm."""
+    return params["method"] == "speculative_prefill" and params["budget"] < PROMPT_LENGTH
+
+
+def unplain_paths(model, tap, ids, method, params):
+    tokens = generate(model, ids, build_cache(params), NEW_TOKENS, set()).tokens
+    runs = {(method, "generation.generate"): (tokens, torch.cat(tap.take()[-NEW_TOKENS:]))}
+    answers = batch(model, [Request(tuple(ids), params, NEW_TOKENS)])
+    runs[method, "batcher"] = (answers[0], torch.cat(tap.take()[-NEW_TOKENS:]))
+    return runs
+
+
+def batch(model, requests: list[Request]) -> list[list[int]]:
+    got = {}
+    ContinuousBatcher(model, len(requests)).run(requests, lambda a: got.__setitem__(a.request.tag, a.tokens))
+    return [got[request.tag] for request in requests]
+
+
+def assert_same(runs, tokens, logits, what):
+    for (method, path), (got_tokens, got_logits) in runs.items():
+        assert got_tokens == tokens, f"{what}: {method} on {path} generated other tokens"
+        expected = logits[-got_logits.shape[0] :]
+        error = (got_logits - expected).abs().max().item()
+        assert error <= TOLERANCE, f"{what}: {method} on {path}: logits differ by {error:.2e}"
+
+
+def test_budget_holding_the_prompt_equals_plain_transformers_on_every_path(family):
+    name, model, tap, ids, (tokens, logits) = family
+    assert len(tokens) == NEW_TOKENS and logits.shape[0] == NEW_TOKENS
+    runs = run_paths(model, tap, ids, EXACT)
+    assert len(runs) == 4 * len(EXACT)
+    assert_same(runs, tokens, logits, name)
+
+
+def test_under_eviction_every_path_equals_the_one_by_one_generator(family):
+    name, model, tap, ids, (_, full_logits) = family
+    settings = {k: v for k, v in EVICTING.items() if not (name in NOT_REROTATED and v.get("rerotate"))}
+    runs = run_paths(model, tap, ids, settings)
+    for method in settings:
+        tokens, logits = runs[method, "generation.generate"]
+        assert_same({key: run for key, run in runs.items() if key[0] == method}, tokens, logits, name)
+    if name not in ALL_LAYERS_WINDOWED:  # there, what a window of 64 sees is kept by every method
+        changes = [(runs[method, "generation.generate"][1] - full_logits).abs().max() for method in settings]
+        assert max(changes) > 1e-3, "nothing evicted?"
+
+
+def test_rerotated_keys_equal_the_familys_own_rope_at_the_later_position(family):
+    name, model, _, ids, _ = family
+    attention = next(module for module in model.modules() if hasattr(module, "head_dim"))
+    rotation = getattr(attention, ROPE_ROTATION)
+    if name in NOT_REROTATED:
+        assert isinstance(rotation, str) and rotation.startswith(model.config.model_type)
+        return
+    assert isinstance(rotation, KeyRotation)
+    assert rotation.interleaved == (name == "cohere")
+    rotary = getattr(attention, ROTARY_MODULE)
+    apply = __import__(type(attention).__module__, fromlist=["x"]).apply_rotary_pos_emb
+    generator = torch.Generator().manual_seed(5)
+    raw = torch.randn(2, 2, 3, attention.head_dim, generator=generator)  # (batch, kv_heads, n, d)
+    start = torch.tensor([[5, 40, 41], [0, 7, 300]])
+    offset = torch.tensor([[3, 100], [17, 1]])  # per row and KV head
+
+    def at(positions):  # the family's own RoPE of ``raw`` at (batch, kv_heads, n) positions
+        out = torch.empty_like(raw)
+        for head in range(2):
+            cos, sin = rotary(raw, positions[:, head])
+            out[:, head : head + 1] = apply(raw[:, head : head + 1], raw[:, head : head + 1], cos, sin)[1]
+        return out
+
+    later = start[:, None, :] + offset[..., None]
+    turned = rotation.rotate(at(start[:, None, :].expand(2, 2, 3)), offset)
+    assert (turned - at(later)).abs().max().item() < 1e-4
+
+
+def test_rerotation_is_refused_in_one_line_on_every_path_where_it_cannot_be_done(family):
+    name, model, _, ids, _ = family
+    if name not in NOT_REROTATED:
+        pytest.skip("this family re-rotates (see the eviction test)")
+    params = EVICTING["streaming_llm_rerotate"]
+    messages = []
+    for run in (
+        lambda: generate(model, ids, build_cache(params), 2, set()),
+        lambda: model.generate(torch.tensor([ids]), past_key_values=build_cache(params), max_new_tokens=2),
+        lambda: batch(model, [Request(tuple(ids), params, 2)]),
+    ):
+        with pytest.raises(SnapevalError) as error:
+            run()
+        assert error.value.field == "cache.rerotate"
+        messages.append(str(error.value))
+    assert len(set(messages)) == 1 and messages[0].startswith("cache.rerotate: gemma3_text: ")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_bf16_runs_every_method_on_every_path_with_finite_logits(name):
+    model = install(build(name, torch.bfloat16))
+    tap = LogitTap(model)
+    settings = {key: value for key, value in EVICTING.items() if key != "streaming_llm_rerotate"}
+    ids = prompt(2)[:200]
+    for params in settings.values():
+        generate(model, ids, build_cache(params), 4, set())
+    batch(model, [Request(tuple(ids), params, 4, tag=i) for i, params in enumerate(settings.values())])
+    outputs = tap.take()
+    assert outputs and all(bool(torch.isfinite(logits).all()) for logits in outputs)
+
+
+def test_windows_are_shorter_than_prompt_and_answer():
+    for name in WINDOWED:
+        config = FAMILIES[name](VOCAB).config
+        assert "sliding_attention" in (getattr(config, "layer_types", None) or ["sliding_attention"])
+        assert config.sliding_window == WINDOW < PROMPT_LENGTH
+
+
+def test_a_layer_type_the_engine_cannot_cache_is_refused_naming_family_and_feature():
+    config = FAMILIES["qwen2"](VOCAB).config
+    config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(SnapevalError) as error:
+        check_model_config(config)
+    assert error.value.field == "model"
+    assert str(error.value).startswith("model: qwen2: linear_attention layers are not supported")
