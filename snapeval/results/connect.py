@@ -69,7 +69,7 @@ def open_engine(url: str, *, must_exist: bool = False, writable: bool = True, fi
     except OSError as exc:  # a name too long, a parent that is a file, no permission
         raise SnapevalError(f"cannot use {_short(path)}: {exc.strerror or exc}", field) from None
     try:
-        engine = _engine(url, parsed.get_backend_name())
+        engine = _engine(url, parsed.get_backend_name(), writable)
         if not writable and not inspect(engine).has_table(runs.name):  # reading never creates tables
             raise SnapevalError(f"{_short(path or _shown(parsed))} holds no snapeval results", field)
         create_schema(engine)
@@ -110,12 +110,19 @@ def _short(path: Path | str, keep: int = 120) -> str:
     )
 
 
-def _engine(url: str, backend: str) -> Engine:
+def _engine(url: str, backend: str, writable: bool = True) -> Engine:
     if backend == "postgresql":
         return create_engine(url, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}, pool_pre_ping=True)
     engine = create_engine(url)
-    event.listen(engine, "connect", _configure_sqlite)
+    event.listen(engine, "connect", _configure_sqlite if writable else _configure_sqlite_reader)
     return engine
+
+
+def _configure_sqlite_reader(dbapi_connection: Any, _record: Any) -> None:
+    """A reading connection: waits on locks, and changes nothing (the journal mode is the writers')."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    cursor.close()
 
 
 def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
