@@ -39,7 +39,7 @@ def test_livecodebench_official_for_r1_is_its_style_stop_and_uncapped_sandbox() 
     assert task["max_new_tokens"] == 2000
     assert task["metadata"] == {**task["metadata"], "code_extraction": "official", "release": "release_v5"}
     assert task["sandbox"]["address_space_bytes"] is None  # lcb_runner sets no RLIMIT_AS
-    assert cfg["protocol"]["deviations"] == ["json_comparison", "stop_by_cut", "memory_cgroup"]
+    assert cfg["protocol"]["deviations"] == ["json_comparison", "memory_cgroup"]
 
 
 def test_longbench_cot_official_is_pred_py_cot() -> None:

@@ -13,9 +13,11 @@ import sys
 from typing import Any
 
 import pytest
+from transformers import PreTrainedTokenizerFast
 
 from snapeval.sandbox import SandboxLimits
 from snapeval.stats import pass_at
+from snapeval.stops import cut_at_stop, stop_check
 from snapeval.tasks import livecodebench as lcb
 from snapeval.tasks import longbench_v2 as lb
 
@@ -347,7 +349,8 @@ def test_lcb_the_official_preset_has_no_address_space_cap() -> None:
 
 
 def test_lcb_the_official_stop_ends_the_scored_text() -> None:
-    """vLLM stops at "###" (lcb_runner's stop) and drops it: text after it is never scored."""
+    """vLLM stops at "###" (lcb_runner's stop) and drops it: text after it is never scored (the runner
+    stops once the answer holds it, see below; an answer stored with text after it scores the same)."""
     (cfg,) = composed_sweep(None, "+protocol=livecodebench_official")
     task = lcb.LiveCodeBench(cfg["task"])
     row = {**ADD_ONE, "platform": "atcoder"}
@@ -356,4 +359,25 @@ def test_lcb_the_official_stop_ends_the_scored_text() -> None:
     assert task.score_row(row, good + after)["pass@1"] == 1.0
     plain = lcb.LiveCodeBench({**cfg["task"], "stop": []})
     assert plain.score_row(row, good + after)["pass@1"] == 0.0
-    assert lcb.cut_at_stop("a##b###c###", ["###", "c"]) == "a##b"
+    assert cut_at_stop("a##b###c###", ["###", "c"]) == "a##b"
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character (a stop string spans several tokens)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {char: index for index, char in enumerate("<>#abc \n")}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<")
+
+
+def test_generation_stops_once_the_decoded_answer_holds_a_stop_string() -> None:
+    """The runner's check after each token (lcb_runner's vLLM ``stop``): "###" over three tokens."""
+    tokenizer = char_tokenizer()
+    should_stop = stop_check(tokenizer, ["###"])
+    ids = tokenizer("ab ## c\n###a", add_special_tokens=False)["input_ids"]
+    stopped_at = next(n for n in range(1, len(ids) + 1) if should_stop(ids[:n]))
+    assert tokenizer.decode(ids[:stopped_at]) == "ab ## c\n###"
+    assert stop_check(tokenizer, []) is None

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from snapeval.errors import SnapevalError
 from snapeval.sandbox import DEFAULT_LIMITS, ExecutionResult, SandboxLimits, run_program
+from snapeval.stops import cut_at_stop
 from snapeval.tasks.base import DataSource, Task, after_reasoning, load_rows, local_file
 from snapeval.tasks.livecodebench_grader import INT_MAX_STR_DIGITS, NDARRAY
 from snapeval.tasks.livecodebench_prompts import STYLES, SYSTEM_MESSAGE, build_messages, generic_question
@@ -311,8 +312,8 @@ class LiveCodeBench(Task):
 
     Config: ``prompt_style`` (lcb_runner's prompt for the model's style, see
     :mod:`~snapeval.tasks.livecodebench_prompts`; by default the model's ``prompt_style``), ``stop``
-    (strings that end an answer: the text from the first one on is not scored, as lcb_runner's vLLM
-    ``stop``). Metadata: ``release`` (``release_v5``; the Hub files read), ``start_date``/``end_date`` (a
+    (strings that end generation, as lcb_runner's vLLM ``stop``; the text from the first one on is
+    not scored). Metadata: ``release`` (``release_v5``; the Hub files read), ``start_date``/``end_date`` (a
     contest-date window), ``code_extraction`` (``official`` or ``lenient``, see :func:`extract_code`),
     ``data_path`` (a local copy, taken whole).
     """
@@ -364,9 +365,3 @@ class LiveCodeBench(Task):
         passed = float(run_tests(code, row, self.limits).passed)
         return {"pass@1": passed, f"pass@1_{row['platform']}": passed}
 
-
-def cut_at_stop(output: str, stop: Iterable[str]) -> str:
-    """``output`` up to the first occurrence of any stop string (vLLM drops the stop string and what
-    follows; generation that ran on past it leaves the same text before it)."""
-    cut = min((index for text in stop if text and (index := output.find(text)) >= 0), default=len(output))
-    return output[:cut]

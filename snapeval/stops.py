@@ -1,0 +1,31 @@
+"""Stop strings: generation ends once the decoded answer holds one (as vLLM's ``stop``), and the text
+from the first one on is not the answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from transformers import PreTrainedTokenizerBase
+
+StopCheck = Callable[[list[int]], bool]
+
+
+def stop_check(tokenizer: PreTrainedTokenizerBase, stops: Iterable[str]) -> StopCheck | None:
+    """A ``should_stop(tokens)`` that is true once the decoded tokens end in text holding a stop string
+    (the last few tokens are decoded, enough to hold the longest one), or None without stop strings."""
+    stops = [stop for stop in stops if stop]
+    if not stops:
+        return None
+    window = max(len(tokenizer(stop, add_special_tokens=False)["input_ids"]) for stop in stops) + 4
+
+    def should_stop(tokens: list[int]) -> bool:
+        tail = tokenizer.decode(tokens[-window:], skip_special_tokens=True)
+        return any(stop in tail for stop in stops)
+
+    return should_stop
+
+
+def cut_at_stop(text: str, stops: Iterable[str]) -> str:
+    """``text`` up to the first occurrence of any stop string (vLLM returns the answer without it)."""
+    cut = min((index for stop in stops if stop and (index := text.find(stop)) >= 0), default=len(text))
+    return text[:cut]
