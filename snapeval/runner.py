@@ -18,7 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from snapeval import schema
+from snapeval import protocols, schema
 from snapeval.batch_rows import usable_rows
 from snapeval.cache import effective_params, install
 from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
@@ -32,6 +32,7 @@ from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_con
 from snapeval.results.leases import Lease
 from snapeval.sampling import Sampling
 from snapeval.sandbox import isolation
+from snapeval.stops import stop_check
 from snapeval.tasks import AnswerPass, Prompt, Task, load_task
 from snapeval.workers import ClaimingFeed, shard, stored_in, terminate_as_interrupt
 
@@ -87,6 +88,7 @@ def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
     """Evaluate the configured model and task with its cache, or with every point of its ``grid``; store
     every sample; return one summary per cache setting. A grid point with impossible settings is recorded
     as failed and skipped (its error printed); the run fails only when every point does."""
+    protocols.announce(cfg)  # a preset's deviations from the official run, stored with it (its config)
     with ResultsDB(cfg["db"]["url"]) as db:
         configs, failures = [], []
         for point in _points_or_fail(db, cfg):
@@ -201,6 +203,7 @@ def _evaluate(
     generation_cfg = cfg["generation"]
     max_new_tokens = generation_cfg.get("max_new_tokens") or task.max_new_tokens
     stop_ids = frozenset(_stop_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id))
+    should_stop = stop_check(tokenizer, getattr(task, "stop", ()))  # the task's stop strings
     encoded: dict[str | None, tuple[tuple[int, ...], int | None]] = {}
 
     def request(point: _Point, prompt: Prompt, messages, max_new: int, calls: list[Answer]) -> Request:
@@ -222,7 +225,8 @@ def _evaluate(
             seed=_sample_seed(cfg["seed"], seed_key),
         )
         cache = point.config["cache"]
-        return Request(ids, cache, max_new, sampling, stop_ids, compress_at, tag=(point, prompt, calls))
+        tag = (point, prompt, calls)
+        return Request(ids, cache, max_new, sampling, stop_ids, compress_at, should_stop, tag)
 
     full_digest = _full_cache_digest(points[0].config)
     reference = {row["sample_id"]: row["output"] for row in db.samples_for(full_digest)}
