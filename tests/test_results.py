@@ -149,7 +149,8 @@ def test_a_killed_run_keeps_its_samples_and_resumes(tmp_path, config):
 
     df = load(path)
     assert sorted(df["sample_id"]) == ["0", "1", "2", "3", "4"]
-    assert df.groupby("status")["sample_id"].count().to_dict() == {"running": 3, "finished": 2}
+    assert df.groupby("status")["sample_id"].count().to_dict() == {"failed": 3, "finished": 2}
+    assert [run["status"] for run in ResultsDB(path).run_states()] == ["stale", "finished"]  # closed as such
 
 
 def test_concurrent_writers_all_land(tmp_path):

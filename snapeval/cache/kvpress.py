@@ -91,9 +91,7 @@ def _press(name: str, press_args: str) -> Any:
     try:
         kvpress = importlib.import_module("kvpress")
     except ImportError:
-        raise SnapevalError(
-            f"kvpress, which has press {name!r}, is not installed; {INSTALL}", "cache.press"
-        ) from None
+        raise SnapevalError(f"kvpress is not installed; {INSTALL}", "cache.press") from None
     cls = getattr(kvpress, str(name), None)
     if cls is None or not callable(getattr(cls, "score", None)):
         scorers = sorted(

@@ -93,7 +93,7 @@ def _check_file(path: Path, must_exist: bool, writable: bool, field: str) -> Non
     if path.is_dir():
         raise SnapevalError(f"{_short(path)} is a directory, not a database file", field)
     if must_exist and not path.is_file():
-        raise SnapevalError(f"no results database at {_short(path)}; run python -m snapeval first", field)
+        raise SnapevalError(f"no results database at {_short(path)}; run python -m snapeval first")
     if not writable and path.is_file():
         with path.open("rb") as file:
             if file.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
