@@ -1,0 +1,63 @@
+"""A task's stop strings end generation in the runner (lcb_runner's ``###``, vLLM's ``stop``): a run
+with a stop string taken from an unstopped answer ends right after it, with the same text before it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from snapeval import runner
+from snapeval.config import compose_config
+from snapeval.results import load
+
+from .families import save_family
+
+PROBLEM = {
+    "question_id": "add-one",
+    "question_title": "Add one",
+    "question_content": "Read an integer and print it plus one.",
+    "platform": "atcoder",
+    "contest_date": "2024-08-01T00:00:00",
+    "starter_code": "",
+    "public_test_cases": json.dumps([{"input": "3\n", "output": "4\n", "testtype": "stdin"}]),
+    "private_test_cases": "[]",
+    "metadata": "{}",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_family("llama", tmp_path_factory.mktemp("tiny"))
+
+
+def answer(tiny_model: Path, tmp_path: Path, stop: list[str]) -> tuple[str, int]:
+    data = tmp_path / "problems.jsonl"
+    data.write_text(json.dumps(PROBLEM) + "\n")
+    cfg = compose_config(
+        "task=livecodebench",
+        f"model.pretrained={tiny_model}",
+        "model.gguf_file=null",
+        "model.name=tiny-llama",
+        f"task.metadata.data_path={data}",
+        "task.max_new_tokens=48",
+        f"db.url={tmp_path / 'db.sqlite'}",
+        "progress=false",
+    )
+    cfg["task"]["stop"] = stop
+    runner.run(cfg)
+    row = load(tmp_path / "db.sqlite").iloc[-1]
+    return row["output"], int(row["generated_tokens"])
+
+
+def test_generation_ends_at_the_first_stop_string(tiny_model: Path, tmp_path: Path) -> None:
+    full, full_tokens = answer(tiny_model, tmp_path, [])
+    assert full_tokens == 48
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    first = full.find(stop)
+    stopped, stopped_tokens = answer(tiny_model, tmp_path, [stop])
+    assert stopped_tokens < full_tokens
+    assert full.startswith(stopped)  # greedy: the same answer, cut short
+    assert stopped.find(stop) == first  # it holds the stop string, once its last token is out
+    assert len(stopped) < first + len(stop) + 16  # and ends within a token or so after it
