@@ -109,6 +109,15 @@ def resolve_pretrained(pretrained: str) -> str:
     return str(Path(next(iter(spec.submodule_search_locations))))
 
 
+def gguf_file(spec: ModelSpec, source: str) -> str | None:
+    """The GGUF file to read from ``source``: ``spec.gguf_file``, unless ``source`` is a local folder
+    without it (a transformers folder given as ``model.pretrained=<folder>`` over a GGUF model config)."""
+    folder = Path(source)
+    if spec.gguf_file and folder.is_dir() and not (folder / spec.gguf_file).is_file():
+        return None
+    return spec.gguf_file
+
+
 def _load_error(spec: ModelSpec, exc: Exception) -> SnapevalError:
     source = spec.pretrained
     if "/" in source and not Path(source).exists() and not source.startswith(PACKAGE_SCHEME):
@@ -126,9 +135,8 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     """The model's tokenizer. Prompts must be tokenized with ``add_special_tokens=False``
     after the chat template (see :func:`encode_chat`)."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            resolve_pretrained(spec.pretrained), gguf_file=spec.gguf_file
-        )
+        source = resolve_pretrained(spec.pretrained)
+        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file(spec, source))
     except (OSError, ValueError) as exc:
         raise _load_error(spec, exc) from exc
     if tokenizer.pad_token is None:
@@ -153,7 +161,7 @@ def load_model(spec: ModelSpec, attn_implementation: str | None = None) -> PreTr
     dtype = resolve_dtype(spec.dtype, device)
     source = resolve_pretrained(spec.pretrained)
     try:
-        config = AutoConfig.from_pretrained(source, gguf_file=spec.gguf_file)
+        config = AutoConfig.from_pretrained(source, gguf_file=gguf_file(spec, source))
     except (OSError, ValueError) as exc:
         raise _load_error(spec, exc) from exc
     for key, value in json.loads(spec.config_overrides or "{}").items():
@@ -164,7 +172,7 @@ def load_model(spec: ModelSpec, attn_implementation: str | None = None) -> PreTr
         model = AutoModelForCausalLM.from_pretrained(
             source,
             config=config,
-            gguf_file=spec.gguf_file,
+            gguf_file=gguf_file(spec, source),
             dtype=dtype,
             attn_implementation=attn_implementation,
         )

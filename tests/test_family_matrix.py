@@ -247,3 +247,48 @@ def test_a_layer_type_the_engine_cannot_cache_is_refused_naming_family_and_featu
         check_model_config(config)
     assert error.value.field == "model"
     assert str(error.value).startswith("model: qwen2: linear_attention layers are not supported")
+
+
+RUNNER_FAMILIES = ["mistral", "gemma3", "gpt_oss"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RUNNER_FAMILIES)
+def test_runner_stores_rows_from_a_saved_family_folder_equal_to_plain_transformers(name, tmp_path):
+    """``python -m snapeval model.pretrained=<folder> cache=snapstream ...`` on a saved random model: an
+    evicting budget stores its rows; a budget holding the prompt stores plain transformers' answers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from snapeval import runner
+    from snapeval.models import encode_chat
+    from snapeval.results import load
+    from snapeval.tasks import load_task
+    from tests.conftest import compose_config
+    from tests.families import save_family
+
+    folder = save_family(name, tmp_path / name)
+    common = [
+        f"db.url={tmp_path / 'db.sqlite'}",
+        "progress=false",
+        f"model.pretrained={folder}",
+        f"model.name=random-{name}",
+        "cache=snapstream",
+        "task.limit=2",
+        "task.context_length=512",
+        "task.max_new_tokens=12",
+    ]
+    [evicting] = runner.run(compose_config(*common, "cache.budget=256"))
+    assert evicting.n == 2 and evicting.computed == 2
+    cfg = compose_config(*common, "cache.budget=4096")
+    [holding] = runner.run(cfg)
+    stored = load(tmp_path / "db.sqlite")
+    assert len(stored) == 4
+    rows = stored[stored["config_hash"] == holding.config_hash].sort_values("sample_id")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    plain = AutoModelForCausalLM.from_pretrained(folder).eval()
+    prompts = sorted(load_task(cfg["task"], cfg["seed"]).prompts(tokenizer)[:2], key=lambda p: p.id)
+    for prompt, output in zip(prompts, rows["output"], strict=True):
+        ids = torch.tensor([encode_chat(tokenizer, prompt.messages)])
+        with torch.inference_mode():
+            answer = plain.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :]
+        assert tokenizer.decode(answer, skip_special_tokens=True) == output
