@@ -91,7 +91,9 @@ def lb_row() -> dict[str, Any]:
 def test_longbench_0shot_prompt_is_the_official_template(lb_row: dict[str, Any]) -> None:
     assert lb.build_prompt(lb_row) == (
         "Please read the following text and answer the question below.\n\n<text>\n"
-        "The memo costs $5. Placeholders like $DOC$ and $Q$ stay verbatim.\n</text>\n\n"
+        # pred.py's chained replaces: the document's "$Q$" becomes the question (its "$DOC$" stays,
+        # filled before it), the choice's "$Q$" stays (filled after it)
+        "The memo costs $5. Placeholders like $DOC$ and Who wrote it? stay verbatim.\n</text>\n\n"
         "What is the correct answer to this question: Who wrote it?\nChoices:\n"
         "(A) Ann\n(B) Bob\n(C) Cy\n(D) Di $Q$\n\n"
         'Format your response as follows: "The correct answer is (insert answer here)".'

@@ -46,7 +46,6 @@ TEMPLATE_COT_ANSWER = (
     'Format your response as follows: "The correct answer is (insert answer here)".'
 )
 
-_PLACEHOLDER = re.compile(r"\$(?:DOC|Q|C_[A-D]|COT)\$")
 _ANSWER_PATTERNS = (
     re.compile(r"The correct answer is \(([A-D])\)"),
     re.compile(r"The correct answer is ([A-D])"),
@@ -65,14 +64,12 @@ def build_cot_answer_prompt(row: Mapping[str, Any], reasoning: str) -> str:
 
 
 def _fill(template: str, row: Mapping[str, Any], cot: str = "") -> str:
-    # One pass, so that a "$Q$" inside the document or the reasoning is left alone.
-    values = {
-        "$DOC$": row["context"].strip(),
-        "$Q$": row["question"].strip(),
-        **{f"$C_{c}$": row[f"choice_{c}"].strip() for c in "ABCD"},
-        "$COT$": cot,
-    }
-    return _PLACEHOLDER.sub(lambda m: values[m[0]], template)
+    """pred.py's chained replaces, in its order: a placeholder inside a value filled earlier (a
+    ``$Q$`` in the document) is replaced too, and the reasoning, filled last, is left as it is."""
+    text = template.replace("$DOC$", row["context"].strip()).replace("$Q$", row["question"].strip())
+    for choice in "ABCD":
+        text = text.replace(f"$C_{choice}$", row[f"choice_{choice}"].strip())
+    return text.replace("$COT$", cot)
 
 
 def extract_answer(response: str, answer_from: str = "response") -> str | None:
