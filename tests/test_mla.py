@@ -1,7 +1,8 @@
 """Multi-head latent attention (DeepSeek-V3/R1), the paper's own model family, on a tiny random model.
 
 * Selection scores in latent space == a naive reference that decompresses per-head keys with
-  ``kv_b_proj`` and scores them in loops (float64); SnapKV and SnapStream keep what that reference keeps.
+  ``kv_b_proj`` and scores them in loops (float64); SnapKV and SnapStream keep what that reference keeps;
+  the up-projection absorbed is the one the model applies, not its stored weight.
 * At a budget holding the prompt, every method is plain transformers (same greedy tokens, logits within
   1e-5 in fp32) on every path: ``model.generate``, :func:`snapeval.generation.generate`, the continuous
   batcher, the grid's shared prefill and the batcher's slot rows.
@@ -174,6 +175,32 @@ def test_latent_scores_and_selections_equal_the_naive_per_head_reference(model, 
         params = {"method": "snapstream", "budget": 56, "window": 8, "kernel": 5, "sinks": 4, "ring": 16}
         pinned = build_cache(params).select(recorded).pinned[0, 0].tolist()
         assert pinned == naive_keep(expected, 8, 5, keep=40, sinks=4)
+
+
+class StoredApart(torch.nn.Module):
+    """A projection whose stored weight is 4x the matrix it applies, as a quantized layer's stored
+    blocks differ from what it applies once their scales are in."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(linear.weight.detach() * 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight / 4)
+
+
+@torch.no_grad()
+def test_latent_scores_use_the_up_projection_the_model_applies_not_its_stored_weight(model, prompt):
+    torch.manual_seed(0)
+    stored_apart = install(DeepseekV3ForCausalLM(mla_config()).eval())
+    stored_apart.load_state_dict(model.state_dict())
+    for layer in stored_apart.model.layers:
+        layer.self_attn.kv_b_proj = StoredApart(layer.self_attn.kv_b_proj)
+    expected, got = Recorder(), Recorder()
+    prefill_logits(model, prompt, expected)
+    prefill_logits(stored_apart, prompt, got)
+    for ours, theirs in zip(got.prompts, expected.prompts, strict=True):
+        assert (prompt_window_attention(ours, 8) - prompt_window_attention(theirs, 8)).abs().max() < 1e-6
 
 
 def close(logits: torch.Tensor, expected: torch.Tensor) -> bool:

@@ -35,8 +35,12 @@ def latent_keys(latent: torch.Tensor, rotary: torch.Tensor) -> torch.Tensor:
 
 def latent_queries(module: torch.nn.Module, query: torch.Tensor) -> torch.Tensor:
     """(batch, heads, n, kv_lora_rank + rope) float32 queries in latent space, from the per-head post-RoPE
-    ``query`` (batch, heads, n, qk_nope_head_dim + qk_rope_head_dim) the attention function received."""
-    heads, nope = query.shape[1], module.qk_nope_head_dim
-    up = module.kv_b_proj.weight.float().view(heads, nope + module.v_head_dim, module.kv_lora_rank)
-    absorbed = torch.einsum("bhnd,hdr->bhnr", query[..., :nope].float(), up[:, :nope])
+    ``query`` (batch, heads, n, qk_nope_head_dim + qk_rope_head_dim) the attention function received.
+
+    The up-projection is read by applying ``kv_b_proj`` to the identity, so that it is the matrix the
+    model applies, whatever its weights' storage (an FP8 checkpoint's blocks and scales included)."""
+    heads, nope, rank = query.shape[1], module.qk_nope_head_dim, module.kv_lora_rank
+    identity = torch.eye(rank, dtype=query.dtype, device=query.device)
+    up = module.kv_b_proj(identity).float().view(rank, heads, nope + module.v_head_dim)
+    absorbed = torch.einsum("bhnd,rhd->bhnr", query[..., :nope].float(), up[..., :nope])
     return torch.cat([absorbed, query[..., nope:].float()], dim=-1)
