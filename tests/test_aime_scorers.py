@@ -66,3 +66,14 @@ def test_the_qwen_grader_never_evaluates_model_written_code(tmp_path: Path) -> N
     output = f"The answer is __import__('pathlib').Path({str(marker)!r}).touch()"
     assert SCORERS["qwen_math"](output, "73") is False
     assert not marker.exists()
+
+
+def test_a_qwen_comparison_out_of_time_is_wrong_as_in_its_process_pool() -> None:
+    import signal
+
+    from snapeval.tasks import qwen_math_grader
+
+    slow = "\\boxed{2^6+9}"  # equal to 73 only through sympy, which takes longer than 0.1 ms
+    assert qwen_math_grader.score(slow, "73") is True
+    assert qwen_math_grader.score(slow, "73", timeout_s=1e-4) is False
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL  # the handler is put back

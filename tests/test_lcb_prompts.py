@@ -91,3 +91,11 @@ def test_a_raw_prompt_is_tokenized_as_vllm_tokenizes_text(bos: bool, ids: list[i
     assert fit_to_window(tokenizer, messages, 4, "error") == messages
     with pytest.raises(SnapevalError, match="task.truncation"):
         fit_to_window(tokenizer, messages, len(ids) - 1, "error")
+
+
+def test_the_schema_offers_exactly_the_shipped_styles() -> None:
+    from snapeval.schema import FIELDS
+
+    for field in ("model.prompt_style", "task.prompt_style"):
+        assert [style for style in STYLES if FIELDS[field](style) is None] == list(STYLES)
+        assert FIELDS[field]("gpt") is not None

@@ -88,3 +88,12 @@ def test_deviations_are_printed_at_the_start_and_stored(capsys: pytest.CaptureFi
     assert capsys.readouterr().err == none
     protocols.announce(composed_sweep(None, "task=aime24")[0])  # no preset: nothing to say
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(("stop", "sandbox"), [("###", {}), ([""], {}), (["###"], {"memory": 1})])
+def test_bad_stop_strings_and_sandbox_fields_are_refused(stop: Any, sandbox: dict) -> None:
+    from snapeval.tasks import load_task
+
+    (cfg,) = composed_sweep(None, "+protocol=livecodebench_official")
+    with pytest.raises(SnapevalError, match=r"^task\.(stop|sandbox): "):
+        load_task({**cfg["task"], "stop": stop, "sandbox": sandbox}, seed=0)

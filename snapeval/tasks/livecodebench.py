@@ -330,7 +330,10 @@ class LiveCodeBench(Task):
         if self.prompt_style not in STYLES:
             message = f"unknown prompt style {self.prompt_style!r}; choose one of {', '.join(STYLES)}"
             raise SnapevalError(message, "task.prompt_style")
-        self.stop: tuple[str, ...] = tuple(cfg.get("stop") or ())
+        stop = cfg.get("stop") or []
+        if not isinstance(stop, list | tuple) or not all(isinstance(text, str) and text for text in stop):
+            raise SnapevalError(f"must be a list of non-empty strings, got {stop!r}", "task.stop")
+        self.stop: tuple[str, ...] = tuple(stop)
         try:
             self.limits = SandboxLimits(**dict(cfg.get("sandbox") or {}))
         except TypeError as exc:
@@ -364,4 +367,3 @@ class LiveCodeBench(Task):
         code = extract_code(cut_at_stop(output, self.stop), self.metadata["code_extraction"])
         passed = float(run_tests(code, row, self.limits).passed)
         return {"pass@1": passed, f"pass@1_{row['platform']}": passed}
-

@@ -13,8 +13,12 @@ the original's verdicts that the tests check.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+import signal
+import threading
+from collections.abc import Iterator
 
 from latex2sympy2_extended import latex2sympy
 from sympy import N, simplify
@@ -38,12 +42,40 @@ _UNITS = [
 ]  # fmt: skip
 UNIT_PATTERNS = [re.compile(r"(^|\W)" + unit + r"($|\W)") for unit in _UNITS + [u + "s" for u in _UNITS]]
 _PREFIXES = ("x=", "y=", "z=", "x\\in", "y\\in", "z\\in", "x\\to", "y\\to", "z\\to")
+TIMEOUT_S = 3.0  # evaluate.py's ProcessPool(...).map(math_equal_process, params, timeout=3)
 _PLAIN_NAMES = frozenset({"sqrt", "pi", "exp", "log", "sin", "cos", "tan", "E", "I", "oo"})
 
 
-def score(output: str, gold: str) -> bool:
-    """Whether Qwen2.5-Math's evaluation counts ``output`` right for the AIME answer ``gold``."""
-    return math_equal(strip_string(extract_answer(output)), strip_string(gold))
+def score(output: str, gold: str, timeout_s: float = TIMEOUT_S) -> bool:
+    """Whether Qwen2.5-Math's evaluation counts ``output`` right for the AIME answer ``gold``: a
+    comparison still running after ``timeout_s`` is wrong, as its evaluation's process pool decides
+    (the limit needs the main thread's SIGALRM; elsewhere there is none)."""
+    prediction, reference = strip_string(extract_answer(output)), strip_string(gold)
+    if threading.current_thread() is not threading.main_thread():
+        return math_equal(prediction, reference)
+    try:
+        with _time_limit(timeout_s):
+            return math_equal(prediction, reference)
+    except _TimeUp:
+        return False
+
+
+class _TimeUp(BaseException):  # not an Exception: the grader's own handlers must not catch it
+    """The comparison ran out of time."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    def time_up(signum: int, frame: object) -> None:
+        raise _TimeUp
+
+    previous = signal.signal(signal.SIGALRM, time_up)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def extract_answer(text: str) -> str:
