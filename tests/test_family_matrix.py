@@ -249,6 +249,17 @@ def test_a_layer_type_the_engine_cannot_cache_is_refused_naming_family_and_featu
     assert str(error.value).startswith("model: qwen2: linear_attention layers are not supported")
 
 
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss"])
+def test_softcap_and_sinks_never_reach_an_attention_that_drops_them(name):
+    model = build(name)
+    assert model.config._attn_implementation == "eager"  # transformers' choice, and load_model's
+    model.config._attn_implementation = "sdpa"
+    install(model)
+    with pytest.raises(SnapevalError) as error, torch.inference_mode():
+        model(torch.tensor([prompt()[:20]]), past_key_values=build_cache({"method": "full"}))
+    assert str(error.value).startswith(f"model: {name}: SDPA would drop")
+
+
 RUNNER_FAMILIES = ["mistral", "gemma3", "gpt_oss"]
 
 

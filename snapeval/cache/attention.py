@@ -42,6 +42,7 @@ ATTENTION_NAME = "snapeval"
 EAGER_ATTENTION_NAME = "snapeval_eager"  # the same function over a family's eager attention
 BASE_ATTENTION = "snapeval_base_attention"  # attribute that install() sets: the module's base attention
 ROPE_ROTATION = "snapeval_rope_rotation"  # attribute that install() sets: KeyRotation, or why there is none
+SDPA_DROPS = ("softcap", "s_aux")  # attention arguments transformers' SDPA ignores: they need eager
 ROPE_INV_FREQ = "snapeval_rope_inv_freq"  # attribute that install() sets on every attention module
 CACHE_KWARG = "snapeval_cache"  # the keyword that carries a layer's past_key_values to the attention
 ROTARY_MODULE = "snapeval_rotary_emb"  # the model's rotary embedding module, kept on every attention module
@@ -65,6 +66,12 @@ def snapeval_attention(
     cache = kwargs.pop(CACHE_KWARG, None)
     inputs = kwargs.pop(INPUTS_KWARG, None)
     base = getattr(module, BASE_ATTENTION, sdpa_attention_forward)
+    if base is sdpa_attention_forward and any(kwargs.get(name) is not None for name in SDPA_DROPS):
+        family = getattr(getattr(module, "config", None), "model_type", type(module).__name__)
+        raise SnapevalError(
+            f"{family}: SDPA would drop its attention {' / '.join(SDPA_DROPS)}; load it with eager attention",
+            "model",
+        )
     owns_mask = getattr(cache, "owns_decode_mask", False)
     if not owns_mask:
         return base(module, query, key, value, attention_mask, **kwargs)
@@ -153,9 +160,12 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
     """Register the ``snapeval`` attention and switch ``model`` to it (a no-op for other caches); each
     attention module's ``forward`` passes its cache on (see the module docstring).
 
-    Every attention module also gets the model's RoPE frequencies as ``ROPE_INV_FREQ`` (or None), for
-    caches that re-rotate keys, and its rotary embedding module as ``ROTARY_MODULE``, for scorers that
-    rotate queries of their own.
+    Every attention module also gets its base attention as ``BASE_ATTENTION`` (SDPA, or the family's
+    eager attention for a model loaded with eager attention: see :func:`snapeval.models.base_attention`),
+    the model's RoPE frequencies as ``ROPE_INV_FREQ`` (or None) and how to re-rotate its keys as
+    ``ROPE_ROTATION`` (a :class:`~snapeval.cache.rope.KeyRotation`, or why not), for caches that re-rotate
+    keys, and its rotary embedding module as ``ROTARY_MODULE``, for scorers that rotate queries of their own.
+    A family the engine cannot serve is refused in one line (:func:`check_model_config`).
     """
     if not getattr(model, "_supports_attention_backend", False):
         raise SnapevalError(
