@@ -23,6 +23,7 @@ import pytest
 import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
+from snapeval import runner
 from snapeval.cache import build_cache, install
 from snapeval.cache.base import Selection, SnapevalCache
 from snapeval.cache.grid import CacheGrid
@@ -31,6 +32,10 @@ from snapeval.cache.slots import SlotCache
 from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.errors import SnapevalError
 from snapeval.generation import generate, prefill_logits, prompt_logits
+from snapeval.results import ResultsDB
+
+from .conftest import compose_config
+from .families import save_family
 
 TOLERANCE = 1e-5
 VOCAB = 256
@@ -366,3 +371,29 @@ def test_what_mla_cannot_do_is_refused_in_one_line_on_every_path(model, prompt, 
     for run in paths:
         with pytest.raises(SnapevalError, match=message):
             run()
+
+
+@pytest.mark.slow
+def test_the_runner_stores_rows_of_a_saved_deepseek_v3_folder(tmp_path):
+    """2 passkey rows at 512 tokens: budget 256 stores 256 latent slots per row; a budget holding the
+    prompt answers as the full cache does."""
+    folder = save_family("deepseek_v3", tmp_path / "deepseek_v3")
+    common = [
+        f"db.url={tmp_path / 'db.sqlite'}",
+        "progress=false",
+        f"model.pretrained={folder}",
+        "model.gguf_file=null",
+        "task.limit=2",
+        "task.context_length=512",
+    ]
+    runs = [
+        ["cache=snapstream", "cache.budget=256"],
+        ["cache=full"],
+        ["cache=snapstream", "cache.budget=1024"],
+    ]
+    summaries = [runner.run(compose_config(*common, *run))[0] for run in runs]
+    per_slot = 2 * (32 + 8) * 4  # the family's 2 layers x (kv_lora_rank + qk_rope_head_dim) x fp32
+    with ResultsDB(tmp_path / "db.sqlite") as db:
+        rows = [db.samples_for(summary.config_hash) for summary in summaries]
+    assert len(rows[0]) == 2 and all(row["kv_bytes"] == 256 * per_slot for row in rows[0])
+    assert [row["output"] for row in rows[1]] == [row["output"] for row in rows[2]]
