@@ -23,11 +23,6 @@ def is_latent(module: torch.nn.Module | None) -> bool:
     return module is not None and hasattr(module, "kv_b_proj") and hasattr(module, "kv_lora_rank")
 
 
-def is_latent_config(config: object) -> bool:
-    """Whether a model config describes MLA layers."""
-    return bool(getattr(config, "kv_lora_rank", None))
-
-
 def latent_keys(latent: torch.Tensor, rotary: torch.Tensor) -> torch.Tensor:
     """(batch, 1, L, kv_lora_rank + rope) keys in latent space, from the cache's keys and values."""
     return torch.cat([latent, rotary], dim=-1)
