@@ -334,12 +334,6 @@ def test_the_r1_geometry_takes_70272_bytes_per_slot_in_bf16():
     assert SlotCache.for_model(model, rows=1, capacity=4).slot_bytes() == 61 * (512 + 64) * 2 == 70_272
 
 
-def grid_then_decode(model, prompt: list[int], member: SnapevalCache) -> None:
-    """A grid's shared prefill, then one decode step of ``member``."""
-    prefill_logits(model, prompt, CacheGrid([build_cache({"method": "full"}), member]))
-    decode(model, member, prompt[:1])
-
-
 def fake_kvpress(monkeypatch) -> None:
     class ScorerPress:
         def score(self, *args):
@@ -358,14 +352,15 @@ def fake_kvpress(monkeypatch) -> None:
 )
 @torch.no_grad()
 def test_what_mla_cannot_do_is_refused_in_one_line_on_every_path(model, prompt, params, field, monkeypatch):
-    """model.generate, generate and the batcher refuse at prefill; a grid's member at the latest on
-    its first decode step."""
+    """model.generate, generate, a grid's shared prefill and the batcher: each before any decode step."""
     fake_kvpress(monkeypatch)
     message = rf"^{field}: deepseek_v3: .*multi-head latent attention"
     paths = [
         lambda: model.generate(torch.tensor([prompt]), past_key_values=build_cache(params), max_new_tokens=3),
         lambda: generate(model, prompt, build_cache(params), 3, set()),
-        lambda: grid_then_decode(model, prompt, build_cache(params)),
+        lambda: prefill_logits(
+            model, prompt, CacheGrid([build_cache({"method": "full"}), build_cache(params)])
+        ),
         lambda: ContinuousBatcher(model, rows=2).run([Request(tuple(prompt), params, 3)], print),
     ]
     for run in paths:

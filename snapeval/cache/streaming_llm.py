@@ -72,6 +72,11 @@ class StreamingLLMCache(SnapevalCache):
             rotation_of(kwargs.get("module", args[3] if len(args) > 3 else None))
         super().finish_prefill(layer_idx, *args, **kwargs)
 
+    def fill_layer(self, layer_idx: int, prompt: LayerPrompt, values: torch.Tensor) -> None:
+        if self.rerotate:  # a grid's shared prefill refuses as this cache's own would
+            rotation_of(prompt.module)
+        super().fill_layer(layer_idx, prompt, values)
+
     def attention_keys(self, layer_idx: int, key: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
         layer = self.layers[layer_idx]
         if not self.rerotate or layer.ring_start == 0:
