@@ -377,7 +377,6 @@ def test_the_runner_stores_rows_of_a_saved_deepseek_v3_folder(tmp_path):
         f"db.url={tmp_path / 'db.sqlite'}",
         "progress=false",
         f"model.pretrained={folder}",
-        "model.gguf_file=null",
         "task.limit=2",
         "task.context_length=512",
     ]
