@@ -20,6 +20,7 @@ import torch
 
 from snapeval.cache import build_cache, install
 from snapeval.cache.attention import ROPE_ROTATION, ROTARY_MODULE, check_model_config
+from snapeval.cache.base import LAYER_WINDOW
 from snapeval.cache.rope import KeyRotation
 from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.errors import SnapevalError
@@ -247,6 +248,27 @@ def test_a_layer_type_the_engine_cannot_cache_is_refused_naming_family_and_featu
         check_model_config(config)
     assert error.value.field == "model"
     assert str(error.value).startswith("model: qwen2: linear_attention layers are not supported")
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3", "gpt_oss"])
+def test_a_windowed_layer_scores_only_inside_its_window(name):
+    """SnapKV with a budget above the window keeps every prompt token a windowed layer can still see:
+    its scores come from the layer's own (windowed) attention, so nothing outside outranks them."""
+    model, ids = install(build(name)), prompt()
+    cache = build_cache({"method": "snapkv", "budget": 96, "window": 8, "kernel": 5})
+    with torch.inference_mode():
+        model(torch.tensor([ids]), past_key_values=cache)
+    windows = {
+        module.layer_idx: vars(module)[LAYER_WINDOW]
+        for module in model.modules()
+        if LAYER_WINDOW in vars(module) and hasattr(module, "head_dim")
+    }
+    windowed = [layer for layer, window in windows.items() if window is not None]
+    assert windowed and all(windows[layer] == WINDOW for layer in windowed)
+    visible = set(range(PROMPT_LENGTH - WINDOW + 1, PROMPT_LENGTH))  # what the next query still sees
+    for layer in windowed:
+        for head in cache.kept_positions(layer)[0].tolist():
+            assert visible <= set(head), f"{name} layer {layer} evicted tokens inside its window"
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gpt_oss"])

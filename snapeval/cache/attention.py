@@ -33,7 +33,7 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
-from snapeval.cache.base import SnapevalCache
+from snapeval.cache.base import LAYER_WINDOW, SnapevalCache
 from snapeval.cache.mla import is_latent
 from snapeval.cache.rope import key_rotation
 from snapeval.errors import SnapevalError
@@ -77,6 +77,7 @@ def snapeval_attention(
         return base(module, query, key, value, attention_mask, **kwargs)
     if isinstance(cache, SnapevalCache) and cache.awaiting_prefill(layer_idx):
         output = base(module, query, key, value, attention_mask, **kwargs)
+        vars(module)[LAYER_WINDOW] = kwargs.get("sliding_window")  # for scores that see what it sees
         scaling = kwargs.get("scaling") or module.scaling
         valid = _valid_columns(attention_mask, key)
         cache.finish_prefill(layer_idx, query, valid, scaling, module, inputs)

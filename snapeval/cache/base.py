@@ -31,6 +31,7 @@ from snapeval.cache.mla import is_latent, latent_keys, latent_queries
 from snapeval.errors import SnapevalError
 
 EMPTY = -1
+LAYER_WINDOW = "snapeval_sliding_window"  # an attention module's sliding window, as its prefill passed it
 
 
 @dataclass
@@ -73,6 +74,11 @@ class LayerPrompt:
     @property
     def length(self) -> int:
         return self.keys.shape[2]
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The layer's sliding window (None: a full-attention layer): its scores see only inside it."""
+        return getattr(self.module, LAYER_WINDOW, None)
 
     @property
     def cache_heads(self) -> int:

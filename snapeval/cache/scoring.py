@@ -23,13 +23,19 @@ GQA_REDUCTIONS = ("mean", "max")
 
 
 def window_attention(
-    query: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, window: int, scaling: float
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    valid: torch.Tensor,
+    window: int,
+    scaling: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """(batch, heads, L) attention the last ``window`` queries pay to each key, summed over the window.
 
     query: (batch, heads, n, d), the prompt's last n >= min(window, L) queries, and keys: (batch, kv_heads,
     L, d), both post-RoPE (or both in MLA's latent space); valid: (batch, L). Computed in float32. Padding
-    queries of the window contribute nothing.
+    queries of the window contribute nothing. On a layer with a ``sliding_window`` each query attends only
+    inside it, as the layer does (query i, key j: i - sliding_window < j).
     """
     batch, heads, _, dim = query.shape
     length = keys.shape[2]
@@ -40,6 +46,10 @@ def window_attention(
     future = torch.ones(window, window, dtype=torch.bool, device=keys.device).triu(1)
     logits[..., -window:].masked_fill_(future, float("-inf"))  # only window columns can follow a query
     logits.masked_fill_(~valid[:, None, None, :], float("-inf"))
+    if sliding_window is not None:
+        rows = torch.arange(length - window, length, device=keys.device)[:, None]
+        columns = torch.arange(length, device=keys.device)
+        logits.masked_fill_(columns <= rows - sliding_window, float("-inf"))
     probabilities = logits.softmax(dim=-1)
     return probabilities.masked_fill_(~valid[:, None, -window:, None], 0.0).sum(dim=2)
 
@@ -80,7 +90,9 @@ def prompt_window_attention(prompt: LayerPrompt, window: int) -> torch.Tensor:
     attention = prompt.scores.get(("window", window))
     if attention is None:
         queries, keys = prompt.window_queries(window), prompt.scoring_keys()
-        attention = window_attention(queries, keys, prompt.valid, window, prompt.scaling)
+        attention = window_attention(
+            queries, keys, prompt.valid, window, prompt.scaling, prompt.sliding_window
+        )
         prompt.scores[("window", window)] = attention
     return attention
 
