@@ -3,8 +3,8 @@
 A preset (``conf/protocol/<name>.yaml``) sets its task's settings to the official harness's and lists,
 in ``protocol.deviations``, what it still does otherwise (names of README "Protocols" rows, each with a
 test; ``[]`` ideally). That list is part of the composed config, so it is stored with every run and
-its rows. A setting of the preset changed after it on the command line is one more deviation: the
-stored config holds the changed value; :func:`changed_settings` names it.
+its rows. A setting of the preset changed after it on the command line is one more deviation,
+named by :func:`changed_settings` and stored beside them (``protocol.changed``).
 """
 
 from __future__ import annotations

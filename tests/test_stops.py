@@ -32,11 +32,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_family("llama", tmp_path_factory.mktemp("tiny"))
 
 
-def answer(tiny_model: Path, tmp_path: Path, stop: list[str]) -> tuple[str, int]:
+def answer(tiny_model: Path, tmp_path: Path, stop: list[str], *overrides: str) -> tuple[str, int]:
     data = tmp_path / "problems.jsonl"
     data.write_text(json.dumps(PROBLEM) + "\n")
     cfg = compose_config(
         "task=livecodebench",
+        *overrides,
         f"model.pretrained={tiny_model}",
         "model.gguf_file=null",
         "model.name=tiny-llama",
@@ -61,3 +62,21 @@ def test_generation_ends_at_the_first_stop_string(tiny_model: Path, tmp_path: Pa
     assert full.startswith(stopped)  # greedy: the same answer, cut short
     assert stopped.find(stop) == first  # it holds the stop string, once its last token is out
     assert len(stopped) < first + len(stop) + 16  # and ends within a token or so after it
+
+
+def test_a_run_under_a_preset_names_its_deviations_first(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    preset = ("+protocol=livecodebench_official", "generation.num_samples=1")
+    answer(tiny_model, tmp_path, ["###"], *preset)
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (
+        "protocol livecodebench_official: deviations from the official run: json_comparison; memory_cgroup; "
+        "task.max_new_tokens=48 (preset: 2000); generation.num_samples=1 (preset: 10)"
+    )
+    stored = load(tmp_path / "db.sqlite").iloc[-1]
+    assert stored["protocol.deviations"] == ["json_comparison", "memory_cgroup"]  # with every row
+    assert stored["protocol.changed"] == [
+        "task.max_new_tokens=48 (preset: 2000)",
+        "generation.num_samples=1 (preset: 10)",
+    ]

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from snapeval.protocols import changed_settings
+
 #: Top-level config keys never stored with a result: where results go, Hydra's and the memory
 #: estimator's settings, which job ran, and the grid (each of its points is stored as its own config).
 NOT_STORED: tuple[str, ...] = ("db", "hydra", "memory", "job", "grid")
@@ -67,10 +69,13 @@ VERSIONED_PACKAGES: dict[str, str] = {
 def stored_config(cfg: Mapping[str, Any], cache_params: Mapping[str, Any]) -> dict[str, Any]:
     """The config as recorded with results: without :data:`NOT_STORED`, its cache given as the cache's
     effective parameters (``cache_params``: :func:`snapeval.cache.effective_params` of ``cfg["cache"]``,
-    which drops what the method ignores), and a sampled run's generator named (never mixed with another's).
+    which drops what the method ignores), a sampled run's generator named (never mixed with another's),
+    and under a protocol preset the preset's settings it changes (``protocol.changed``).
     """
     stored = {key: value for key, value in cfg.items() if key not in NOT_STORED}
     stored["cache"] = dict(cache_params)
+    if cfg.get("protocol"):  # the preset's settings changed after it, by name, beside its deviations
+        stored["protocol"] = {**cfg["protocol"], "changed": changed_settings(cfg)}
     if cfg["generation"]["do_sample"]:
         stored["generation"] = {**cfg["generation"], "rng": SAMPLER}
     return stored
