@@ -3,8 +3,10 @@
 Every field a config may hold has a type and range here (:data:`FIELDS`), and every key must be one that
 the chosen config files define: a misspelt override (``+cache.budgt=5``) is refused, never dropped. A
 bad value gets one line naming the field and what it takes (:class:`~snapeval.errors.SnapevalError`).
-The checks that need the engine (a cache's parameters together, a grid, the compile choice) are the
-runner's (:func:`snapeval.runner.check_config`).
+A cache key the chosen method does not take is refused too, except in a grid, whose points share the
+parameters of all its methods. The checks that need the engine or the data (a cache's parameters
+together, a grid, data files, shards, drafts) come next, still before any model loads
+(:mod:`snapeval.preflight`, :func:`snapeval.runner.check_config`).
 """
 
 from __future__ import annotations
