@@ -10,9 +10,10 @@ A layer is filled in one prefill, compressed right after that prefill's attentio
 fixed-capacity buffer, allocated once, whose slots after the ``pinned`` ones form a ring: a new token takes
 the next ring slot, and once the ring is full it overwrites the oldest token there.
 
-A layer with a sliding window (Mistral, Phi-3, Gemma 2/3 local layers, GPT-OSS) holds what the method holds
-of any layer (the method selects from the whole prompt, so compression applies to what the layer holds);
-its window acts in the decode mask (:func:`visible_slots`): query i sees slot j iff i - window < j <= i.
+A layer with a sliding window (Mistral, Phi-3, Gemma 2/3 local layers, GPT-OSS) holds as many slots as the
+method holds of any layer; the method selects from the whole prompt by scores of the layer's own windowed
+attention (so a budget above the window keeps every token the layer can still see), and the window acts
+in the decode mask (:func:`visible_slots`): query i sees slot j iff i - window < j <= i.
 """
 
 from __future__ import annotations
