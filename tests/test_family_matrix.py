@@ -250,6 +250,15 @@ def test_a_layer_type_the_engine_cannot_cache_is_refused_naming_family_and_featu
     assert str(error.value).startswith("model: qwen2: linear_attention layers are not supported")
 
 
+def test_a_family_outside_transformers_attention_interface_is_refused_naming_it():
+    from transformers import MambaConfig, MambaForCausalLM
+
+    config = MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=4)
+    with pytest.raises(SnapevalError) as error:
+        install(MambaForCausalLM(config))
+    assert str(error.value).startswith("model: mamba: MambaForCausalLM does not route attention")
+
+
 @pytest.mark.parametrize("name", ["mistral", "gemma3", "gpt_oss"])
 def test_a_windowed_layer_scores_only_inside_its_window(name):
     """SnapKV with a budget above the window keeps every prompt token a windowed layer can still see:

@@ -170,8 +170,8 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
     """
     if not getattr(model, "_supports_attention_backend", False):
         raise SnapevalError(
-            f"{type(model).__name__} does not route attention through transformers' attention interface, "
-            "so the KV-cache engine cannot drive it; use a model such as Llama, Qwen2 or Mistral",
+            f"{model.config.model_type}: {type(model).__name__} does not route attention through "
+            "transformers' attention interface, so the KV-cache engine cannot drive it",
             "model",
         )
     check_model_config(model.config)
