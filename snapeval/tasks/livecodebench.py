@@ -1,18 +1,20 @@
-"""LiveCodeBench code generation: lcb_runner's prompts, code extraction and grading, sandboxed.
+"""LiveCodeBench code generation: lcb_runner's prompts (per model style,
+:mod:`~snapeval.tasks.livecodebench_prompts`), code extraction and grading, sandboxed.
 
 Rows follow ``livecodebench/code_generation_lite``. A program is graded by
 :mod:`~snapeval.tasks.livecodebench_grader` in one sandboxed process (:mod:`snapeval.sandbox`)
 that runs all its tests, each timed on its own (the call, not the interpreter start-up), under
 lcb_runner's limits: 6 s per test and ``(6 + 1) * tests + 5`` s for the program. The harness judges
 each outcome as lcb_runner's ``testing_util`` does: stdout compared line by line (whitespace stripped,
-then as decimals), a functional result compared with ``==`` after tuples become lists; a program
+then as decimals), a functional result compared with ``==`` after tuples become lists (a numpy
+array element-wise, its truth value that of the comparison); a program
 fails at its first failing test. Unlike lcb_runner, results are compared outside the sandbox, as
 JSON, so that neither the expected outputs nor an object's own ``__eq__`` take part in the program's run.
 As in lcb_runner, a program shares its process with the grading loop, so it could tamper with its own
 per-test timing; the sandbox's budget for the whole run holds regardless.
 
-Longer than 350 lines: one benchmark (prompts, extraction, data, judging); its in-sandbox
-grader is :mod:`snapeval.tasks.livecodebench_grader`.
+Longer than 350 lines: one benchmark (extraction, data, judging); its prompts are
+:mod:`snapeval.tasks.livecodebench_prompts`, its in-sandbox grader :mod:`snapeval.tasks.livecodebench_grader`.
 """
 
 from __future__ import annotations
