@@ -3,7 +3,7 @@
 =======================  =====================================  ======================================
 task config (``task=``)  module                                 what it is
 =======================  =====================================  ======================================
-``aime24``               :mod:`snapeval.tasks.aime24`           AIME 2024, boxed answer, math-verify
+``aime24``               :mod:`snapeval.tasks.aime24`           AIME 2024, the official scorers
 ``longbench_v2``,        :mod:`snapeval.tasks.longbench_v2`     LongBench-v2 multiple choice (0-shot,
 ``longbench_v2_cot``                                            two-pass CoT)
 ``livecodebench``        :mod:`snapeval.tasks.livecodebench`    LiveCodeBench code generation, sandboxed
