@@ -48,7 +48,7 @@ EVICTING = {
     "sage_kv": {"method": "sage_kv", "budget": 96, "sinks": 4, "recent": 12, "window": 2},
     "speculative_prefill": {"method": "speculative_prefill", "budget": 128, "window": 8, "chunk": 16},
 }
-NOT_REROTATED = {"gemma3", "deepseek_v3"}  # per-layer RoPE bases; MLA's rotary key apart: refused
+NOT_REROTATED = {"deepseek_v3"}  # MLA caches its rotary key apart from the keys: refused
 WINDOWED = {"mistral", "phi3", "gemma2", "gemma3", "gpt_oss"}
 ALL_LAYERS_WINDOWED = {"mistral", "phi3"}
 
@@ -177,15 +177,24 @@ def test_under_eviction_every_path_equals_the_one_by_one_generator(family):
 def test_rerotated_keys_equal_the_familys_own_rope_at_the_later_position(family):
     name, model, _, ids, _ = family
     attentions = [module for module in model.modules() if hasattr(module, ROPE_ROTATION)]
-    attention = next((module for module in attentions if hasattr(module, "head_dim")), attentions[0])
-    rotation = getattr(attention, ROPE_ROTATION)
-    if name in NOT_REROTATED:
-        assert isinstance(rotation, str) and rotation.startswith(model.config.model_type)
-        return
-    assert isinstance(rotation, KeyRotation)
-    assert rotation.interleaved == (name == "cohere")
+    attentions = [module for module in attentions if hasattr(module, "head_dim")] or attentions[:1]
+    for attention in attentions:  # every layer: Gemma 3's local and global layers have their own bases
+        rotation = getattr(attention, ROPE_ROTATION)
+        if name in NOT_REROTATED:
+            assert isinstance(rotation, str) and rotation.startswith(model.config.model_type)
+            continue
+        assert isinstance(rotation, KeyRotation)
+        assert rotation.interleaved == (name == "cohere")
+        assert_turns_like_the_familys_rope(attention, rotation)
+    if name == "gemma3":  # local and global layers turn keys by their own RoPE bases
+        assert len({tuple(getattr(a, ROPE_ROTATION).inv_freq.tolist()) for a in attentions}) == 2
+
+
+def assert_turns_like_the_familys_rope(attention, rotation):
     rotary = getattr(attention, ROTARY_MODULE)
     apply = __import__(type(attention).__module__, fromlist=["x"]).apply_rotary_pos_emb
+    layer_type = getattr(attention, "layer_type", None)
+    per_type = {"layer_type": layer_type} if hasattr(rotary, f"{layer_type}_inv_freq") else {}
     generator = torch.Generator().manual_seed(5)
     raw = torch.randn(2, 2, 3, attention.head_dim, generator=generator)  # (batch, kv_heads, n, d)
     start = torch.tensor([[5, 40, 41], [0, 7, 300]])
@@ -194,7 +203,7 @@ def test_rerotated_keys_equal_the_familys_own_rope_at_the_later_position(family)
     def at(positions):  # the family's own RoPE of ``raw`` at (batch, kv_heads, n) positions
         out = torch.empty_like(raw)
         for head in range(2):
-            cos, sin = rotary(raw, positions[:, head])
+            cos, sin = rotary(raw, positions[:, head], **per_type)
             out[:, head : head + 1] = apply(raw[:, head : head + 1], raw[:, head : head + 1], cos, sin)[1]
         return out
 

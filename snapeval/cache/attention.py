@@ -180,9 +180,14 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
     implementation = model.config._attn_implementation
     eager = implementation in ("eager", EAGER_ATTENTION_NAME)
     attention_modules = [module for module in model.modules() if hasattr(module, "layer_idx")]
-    probed = next((m for m in attention_modules if hasattr(m, "head_dim") or is_latent(m)), None)
-    rotation = key_rotation(model, probed, inv_freq) if probed is not None else None
+    rotations = {}  # per layer type: Gemma 3's local and global layers turn keys by their own bases
     for module in attention_modules:
+        if hasattr(module, "head_dim") or is_latent(module):
+            layer_type = getattr(module, "layer_type", None)
+            if layer_type not in rotations:
+                rotations[layer_type] = key_rotation(model, module, inv_freq)
+    for module in attention_modules:
+        rotation = rotations.get(getattr(module, "layer_type", None), next(iter(rotations.values()), None))
         setattr(module, ROPE_INV_FREQ, inv_freq)
         vars(module)[ROPE_ROTATION] = rotation
         vars(module)[ROTARY_MODULE] = rotary  # a plain reference, not a registered submodule

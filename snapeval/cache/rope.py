@@ -4,10 +4,10 @@ RoPE turns pairs of a head's dimensions by an angle proportional to the position
 position p is moved to p + o by turning the same pairs by o times their frequencies. Families pair the
 dimensions differently: i with i + r/2 (transformers' ``rotate_half``, most families), or 2i with 2i + 1
 (interleaved: Cohere); with partial rotary (Phi-4-mini) only the first r = 2 x len(inv_freq) dimensions
-turn. :func:`key_rotation` reads which layout a model uses by running the model's own
-``apply_rotary_pos_emb`` once, and refuses (with the reason, naming the family) a model whose keys it
-cannot turn: per-layer RoPE bases (Gemma 3), frequencies that change with the sequence length, or any
-other layout.
+turn. :func:`key_rotation` reads which layout a layer uses by running the model's own
+``apply_rotary_pos_emb`` once (with the layer type's own frequencies where layer types have their own
+RoPE base, as in Gemma 3), and refuses (with the reason, naming the family) a model whose keys it cannot
+turn: frequencies that change with the sequence length, or any other layout.
 """
 
 from __future__ import annotations
@@ -66,17 +66,25 @@ def key_rotation(model: torch.nn.Module, module: torch.nn.Module, inv_freq: torc
         )
     rotary = getattr(model.get_decoder(), "rotary_emb", None)
     apply = getattr(sys.modules[type(module).__module__], "apply_rotary_pos_emb", None)
+    layer_type = getattr(module, "layer_type", None)
+    per_type = {} if layer_type is None else {"layer_type": layer_type}
+    if per_type and isinstance(getattr(rotary, f"{layer_type}_inv_freq", None), torch.Tensor):
+        fixed = getattr(rotary, "rope_type", {}).get(layer_type) not in ("dynamic", "longrope")
+        inv_freq = getattr(rotary, f"{layer_type}_inv_freq").detach().float().clone() if fixed else None
+        scaling = getattr(rotary, f"{layer_type}_attention_scaling", 1.0)
+    else:
+        per_type, scaling = {}, getattr(rotary, "attention_scaling", 1.0)
     if inv_freq is None or rotary is None or apply is None:
         return (
-            f"{family}: re-rotating keys needs one rotary embedding with fixed frequencies, and this family "
-            "has none (per-layer RoPE bases, or frequencies that change with the sequence length)"
+            f"{family}: re-rotating keys needs a rotary embedding with fixed frequencies, and this family "
+            "has none (frequencies that change with the sequence length)"
         )
     head_dim = getattr(module, "head_dim", None) or 2 * inv_freq.numel()
     generator = torch.Generator().manual_seed(0)
     key = torch.randn(1, 1, 1, head_dim, generator=generator).to(inv_freq.device)
     position = torch.tensor([[7]], device=inv_freq.device)
-    cos, sin = rotary(key, position)
-    expected = apply(key, key, cos, sin)[1] / getattr(rotary, "attention_scaling", 1.0)
+    cos, sin = rotary(key, position, **per_type)
+    expected = apply(key, key, cos, sin)[1] / scaling
     for interleaved in (False, True):
         turned = rotate_keys(key, position.float(), inv_freq, interleaved)
         if torch.allclose(turned, expected.float(), rtol=1e-3, atol=1e-3):

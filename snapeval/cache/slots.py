@@ -42,9 +42,9 @@ class SlotCache:
 
     Pass it as ``past_key_values`` together with ``attention_mask=cache.mask()`` and
     ``position_ids=cache.seen[:, None]``, one token per row, between :meth:`begin_step` and
-    :meth:`end_step`. ``rotation`` (how to turn the model's RoPE keys) is needed only for rows loaded from a
-    StreamingLLM cache with ``rerotate``. Keys are ``key_dim`` wide and values ``value_dim`` (MLA caches a
-    latent as keys and the narrower rotary key as values, in one cache head).
+    :meth:`end_step`. ``rotations`` (per layer, how to turn its RoPE keys) are needed only for rows loaded
+    from a StreamingLLM cache with ``rerotate``. Keys are ``key_dim`` wide and values ``value_dim`` (MLA
+    caches a latent as keys and the narrower rotary key as values, in one cache head).
     """
 
     def __init__(
@@ -57,7 +57,7 @@ class SlotCache:
         value_dim: int,
         dtype: torch.dtype,
         device: torch.device,
-        rotation: KeyRotation | str | None = None,
+        rotations: list[KeyRotation | str | None] | None = None,
     ) -> None:
         self.rows, self.capacity, self.num_layers = rows, capacity, layers
         shape = (rows, kv_heads, capacity)
@@ -73,17 +73,18 @@ class SlotCache:
         self.rerotate = torch.zeros(rows, dtype=torch.bool, device=device)
         self.slot_index = torch.arange(capacity, device=device)
         self._write_slot = torch.zeros(rows, dtype=torch.long, device=device)
-        self.rotation = rotation  # how to re-rotate keys, or why they cannot be
+        self.rotations = rotations or [None] * layers  # per layer: how to re-rotate keys, or why not
         self.any_rerotate = False  # a Python flag: the rotation is traced only when a row needs it
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, rows: int, capacity: int) -> SlotCache:
         """A slot cache shaped for ``model`` (a transformers causal LM with the snapeval attention): its
         rows have the shapes of the tensors the model itself caches (:func:`cached_shapes`)."""
-        attention = next((m for m in model.modules() if hasattr(m, "layer_idx")), None)
-        rotation = getattr(attention, ROPE_ROTATION, None)
+        # a layer's attention module comes after its decoder layer, so it is the one kept per index
+        attentions = {m.layer_idx: m for m in model.modules() if hasattr(m, ROPE_ROTATION)}
+        rotations = [getattr(attentions.get(index), ROPE_ROTATION, None) for index in range(len(attentions))]
         layers, kv_heads, key_dim, value_dim, dtype = cached_shapes(model)
-        return cls(rows, capacity, layers, kv_heads, key_dim, value_dim, dtype, model.device, rotation)
+        return cls(rows, capacity, layers, kv_heads, key_dim, value_dim, dtype, model.device, rotations)
 
     def grown(self, capacity: int) -> SlotCache:
         """A copy with ``capacity`` slots per row (rows keep their slots and cursors): for a request
@@ -99,7 +100,7 @@ class SlotCache:
             keys.dtype,
             keys.device,
         )
-        bigger.rotation, bigger.any_rerotate = self.rotation, self.any_rerotate
+        bigger.rotations, bigger.any_rerotate = self.rotations, self.any_rerotate
         for index in range(self.num_layers):
             bigger.keys[index][:, :, : self.capacity] = self.keys[index]
             bigger.values[index][:, :, : self.capacity] = self.values[index]
@@ -161,9 +162,10 @@ class SlotCache:
         """Prepare the step for rows loaded from ``cache``: one that re-rotates keys is refused in one line
         (naming the family) where the model's keys cannot be re-rotated."""
         if rerotates(cache):
-            if not isinstance(self.rotation, KeyRotation):
-                why = self.rotation or "re-rotating keys needs an installed model"
-                raise SnapevalError(why, "cache.rerotate")
+            for rotation in self.rotations:
+                if not isinstance(rotation, KeyRotation):
+                    why = rotation or "re-rotating keys needs an installed model"
+                    raise SnapevalError(why, "cache.rerotate")
             self.any_rerotate = True
 
     def mask(self) -> torch.Tensor:
@@ -192,7 +194,7 @@ class SlotCache:
         values.scatter_(2, slot[..., None].expand(rows, heads, 1, values.shape[3]), value_states)
         positions.scatter_(2, slot.expand(rows, heads, 1), self.seen[:, None, None].expand(rows, heads, 1))
         if self.any_rerotate:
-            return self._rerotated(keys, positions), values
+            return self._rerotated(self.rotations[layer_idx], keys, positions), values
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -206,7 +208,7 @@ class SlotCache:
         self.wraps.add_((self.ring_next == 0).long())
         self.seen.add_(1)
 
-    def _rerotated(self, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _rerotated(self, rotation: KeyRotation, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Keys with each re-rotating row's sinks turned forward by the tokens evicted after them
         (StreamingLLM's positions inside the cache; see :mod:`snapeval.cache.streaming_llm`)."""
         pinned = (self.slot_index[None, :] < self.ring_start[:, None])[:, None]  # (rows, 1, capacity)
@@ -214,7 +216,7 @@ class SlotCache:
         oldest = positions.masked_fill(~in_ring, torch.iinfo(positions.dtype).max).amin(dim=-1)
         last_sink = positions.masked_fill(~pinned, EMPTY).amax(dim=-1)
         evicted = (oldest - last_sink - 1) * self.rerotate[:, None]
-        turned = self.rotation.rotate(keys, evicted)
+        turned = rotation.rotate(keys, evicted)
         return torch.where((pinned & self.rerotate[:, None, None])[..., None], turned, keys)
 
     # --- what a row holds ------------------------------------------------------------------------
