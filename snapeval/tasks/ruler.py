@@ -25,14 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from random import Random
-from typing import Any, Literal
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, Literal
 
 from snapeval.errors import SnapevalError
-from snapeval.models import encode_chat
 from snapeval.tasks.base import Task
 from snapeval.tasks.ruler_haystack import Haystack, HaystackSource, Needle, haystack, weave
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ScoreMode = Literal["all", "part"]
 
@@ -161,6 +161,8 @@ def _render(plan: _Plan, sentences: Sequence[str]) -> str:
 
 def prompt_tokens(tokenizer: PreTrainedTokenizerBase, prompt: str) -> int:
     """Tokens the model is fed for ``prompt``: the chat-templated user turn."""
+    from snapeval.models import encode_chat  # torch loads with the tokenizer, not with the task's config
+
     return len(encode_chat(tokenizer, [{"role": "user", "content": prompt}]))
 
 

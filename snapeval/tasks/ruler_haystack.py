@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pydoc_data.topics import topics
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 HaystackSource = Literal["noise", "prose"]
 
