@@ -10,7 +10,12 @@
 * Re-rotation (StreamingLLM ``rerotate``): keys turned by the engine equal the family's own RoPE at the
   later position (half-split, interleaved and partial rotary); a family it cannot turn is refused with
   the same one line on every path.
+* A windowed layer's scores see only its window: a budget above the window keeps all it can still see.
+* What the engine cannot serve is refused in one line naming family and feature (layer types it cannot
+  cache, models outside transformers' attention interface, softcaps or sinks handed to SDPA).
 * bf16: every family runs every method on every path with finite logits.
+* (slow) The runner stores rows from saved Mistral, Gemma 3 and GPT-OSS folders, equal to plain
+  transformers at a budget holding the prompt.
 """
 
 from __future__ import annotations
