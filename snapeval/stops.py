@@ -4,8 +4,10 @@ from the first one on is not the answer."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 StopCheck = Callable[[list[int]], bool]
 
