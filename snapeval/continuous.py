@@ -351,9 +351,8 @@ class ContinuousBatcher:
         prefill.seconds.update(dict.fromkeys(caches, share))
 
     def _load(self, index: int, request: Request, prefill: _Prefill, state: _RowSampling) -> _Row:
-        appended = len(request.prompt_ids) - (request.compress_at or len(request.prompt_ids))
-        cache = prefill.caches[request.setting]
-        slots = self.slots.load_row(index, cache, appended + request.max_new_tokens)
+        cache = prefill.caches[request.setting]  # it holds the appended query already
+        slots = self.slots.load_row(index, cache, request.max_new_tokens)
         state.set_row(index, request.sampling)
         first = cache.layers[0]
         return _Row(

@@ -4,8 +4,10 @@
   weights and the family's own cache): the same 20 greedy tokens and logits within 1e-5 (fp32), on every
   path: ``model.generate`` with the cache, :func:`snapeval.generation.generate`, the continuous batcher
   with each request alone, and the batcher with every method in rows of one shared prefill (a
-  :class:`~snapeval.cache.grid.CacheGrid`). Windowed families (Mistral, Phi-3, Gemma 2/3, GPT-OSS) slide
-  their 64-token windows over a 300-token prompt, so a decode mask that ignores a window fails here.
+  :class:`~snapeval.cache.grid.CacheGrid`), and the query-agnostic split (the last 40 prompt tokens
+  appended after compression) on the generator and the batcher. Windowed families (Mistral, Phi-3,
+  Gemma 2/3, GPT-OSS) slide their 64-token windows over a 300-token prompt, so a decode mask that
+  ignores a window fails here.
 * Under eviction every path gives the tokens and logits of the one-by-one generator.
 * Re-rotation (StreamingLLM ``rerotate``): keys turned by the engine equal the family's own RoPE at the
   later position (half-split, interleaved and partial rotary); a family it cannot turn is refused with
@@ -37,6 +39,7 @@ PROMPT_LENGTH = 300
 NEW_TOKENS = 20
 TOLERANCE = 1e-5
 HOLDING = 512  # a budget holding prompt and answer
+QUERY = 40  # prompt tokens appended after compression, where a path splits the prompt
 EXACT = {
     "full": {"method": "full"},
     "streaming_llm": {"method": "streaming_llm", "budget": HOLDING},
@@ -137,11 +140,14 @@ def plain_prefill_differs(params: dict) -> bool:
     return params["method"] == "speculative_prefill" and params["budget"] < PROMPT_LENGTH
 
 
-def unplain_paths(model, tap, ids, method, params):
-    tokens = generate(model, ids, build_cache(params), NEW_TOKENS, set()).tokens
-    runs = {(method, "generation.generate"): (tokens, torch.cat(tap.take()[-NEW_TOKENS:]))}
-    answers = batch(model, [Request(tuple(ids), params, NEW_TOKENS)])
-    runs[method, "batcher"] = (answers[0], torch.cat(tap.take()[-NEW_TOKENS:]))
+def unplain_paths(model, tap, ids, method, params, compress_at=None):
+    """generation.generate and the batcher alone; with ``compress_at`` the prompt's tail (a query) is
+    appended after compression, in one multi-token call that the windowed decode mask covers too."""
+    suffix = "" if compress_at is None else ", query appended"
+    tokens = generate(model, ids, build_cache(params), NEW_TOKENS, set(), compress_at=compress_at).tokens
+    runs = {(method, "generation.generate" + suffix): (tokens, torch.cat(tap.take()[-NEW_TOKENS:]))}
+    answers = batch(model, [Request(tuple(ids), params, NEW_TOKENS, compress_at=compress_at)])
+    runs[method, "batcher" + suffix] = (answers[0], torch.cat(tap.take()[-NEW_TOKENS:]))
     return runs
 
 
@@ -163,7 +169,9 @@ def test_budget_holding_the_prompt_equals_plain_transformers_on_every_path(famil
     name, model, tap, ids, (tokens, logits) = family
     assert len(tokens) == NEW_TOKENS and logits.shape[0] == NEW_TOKENS
     runs = run_paths(model, tap, ids, EXACT)
-    assert len(runs) == 4 * len(EXACT)
+    for method, params in EXACT.items():
+        runs.update(unplain_paths(model, tap, ids, method, params, compress_at=PROMPT_LENGTH - QUERY))
+    assert len(runs) == 6 * len(EXACT)
     assert_same(runs, tokens, logits, name)
 
 
