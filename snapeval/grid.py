@@ -83,8 +83,12 @@ def grid_points(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     swept = {name: value if isinstance(value, list) else [value] for name, value in params.items()}
     points, seen = [], set()
     for option in grid["cache"]:
+        shipped = _option(option)
+        takes = set(shipped) | set(method_class(shipped["method"]).parameter_names())
         for values in itertools.product(*swept.values()):
-            cache = {**_option(option), **dict(zip(swept, values, strict=True))}
+            # a parameter the method does not take is left out: the point is that method's own config
+            given = {name: value for name, value in zip(swept, values, strict=True) if name in takes}
+            cache = {**shipped, **given}
             try:
                 effective = tuple(sorted(effective_params(cache).items()))
             except SnapevalError:
