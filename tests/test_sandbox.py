@@ -321,7 +321,12 @@ def test_a_program_cannot_read_the_expected_answers(open_folder: Path, where: st
     data = open_folder / "data.jsonl"
     data.write_text('{"input": "3 4\\n", "output": "7"}\n')
     data.chmod(0o644)
-    hidden = [str(PROJECT), str(PROJECT / "README.md"), str(open_folder), str(Path.home() / ".cache")]
+    hidden = [
+        str(PROJECT / "README.md"),
+        str(PROJECT / "snapeval"),
+        str(open_folder),
+        str(Path.home() / ".cache"),
+    ]
     cheat = program(
         f"""
         import json, os, sys
@@ -333,6 +338,7 @@ def test_a_program_cannot_read_the_expected_answers(open_folder: Path, where: st
             print("no data", exc.errno)
         print(sorted(os.listdir("/")))
         print([os.path.exists(p) for p in {hidden!r}])
+        print(sorted(os.listdir({str(PROJECT)!r})) if os.path.isdir({str(PROJECT)!r}) else [])
         """
     )
     result = run_program(cheat, stdin="3 4\n")
@@ -356,6 +362,14 @@ def test_a_program_cannot_read_the_expected_answers(open_folder: Path, where: st
         "opt",
     }
     assert lines[2] == "[False, False, False, False]"
+    # the project's folder exists only as a parent of an interpreter inside it (a clone's .venv), empty
+    # but for that: its other files do not
+    inside = {
+        Path(p).relative_to(PROJECT).parts[0]
+        for p in (sys.prefix, sys.executable)
+        if PROJECT in Path(p).parents
+    }
+    assert set(eval(lines[3])) == inside
 
 
 @needs_namespaces
