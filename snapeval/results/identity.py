@@ -28,7 +28,8 @@ SAMPLER = "counter-hash-v1"
 #: of a smaller one, ``task.shard`` so that the shards of a point fill one point, and how answers
 #: are decoded (``generation.batch_size``, ``compile``; the retired ``draw_batch``): every path
 #: gives the same answers. ``model.prompt_style`` is hashed where it acts, as the ``task.prompt_style``
-#: it sets (LiveCodeBench).
+#: it sets (LiveCodeBench). ``model.hub_id`` names the config a model was converted from, read only by
+#: the memory estimator.
 DEFAULT_IGNORED: tuple[str, ...] = (
     "db",
     "hydra",
@@ -40,6 +41,7 @@ DEFAULT_IGNORED: tuple[str, ...] = (
     "generation.batch_size",
     "generation.compile",
     "model.prompt_style",
+    "model.hub_id",
 )
 
 #: Config keys that no longer exist: ``python -m snapeval.results migrate`` drops them from stored
