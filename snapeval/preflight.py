@@ -30,6 +30,9 @@ def check_inputs(config: Mapping[str, Any]) -> None:
         count = config["task"].get("limit") or config["task"].get("num_samples") or 1
     check_shard(count * config["generation"]["num_samples"], config["task"].get("shard"))
 
+    if config.get("grid") is None:  # a draft's name, before torch loads
+        check_draft_names([config["cache"]])
+
     from snapeval.cache import build_cache  # torch and transformers load here
     from snapeval.grid import check_grid, grid_points
 
@@ -54,25 +57,37 @@ def check_shard(samples: int, spec: str | None) -> None:
         )
 
 
+def _drafts(caches: list[Mapping[str, Any]]) -> list[str]:
+    return sorted({str(cache["draft"]) for cache in caches if cache.get("draft") not in (None, SELF_DRAFT)})
+
+
+def check_draft_names(caches: list[Mapping[str, Any]]) -> None:
+    """Every draft model the caches name (``cache.draft``) is a model config of ``conf/model``, a local
+    directory, or a Hub id (``owner/name``)."""
+    models = sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml"))
+    for name in _drafts(caches):
+        if (
+            not (CONF_DIR / "model" / f"{name}.yaml").is_file()
+            and "/" not in name
+            and not Path(name).exists()
+        ):
+            raise SnapevalError(
+                f"no model {name!r}: give self, a model config ({', '.join(models)}), a local directory or "
+                "a Hub id (owner/name)",
+                DRAFT_FIELD,
+            )
+
+
 def check_drafts(caches: list[Mapping[str, Any]]) -> None:
-    """Every draft model the caches name (``cache.draft``) must be a model config of ``conf/model``, a
-    local directory, or a Hub id (``owner/name``) whose config can be read; its config is read, not its
-    weights."""
-    drafts = {str(cache["draft"]) for cache in caches if cache.get("draft") not in (None, SELF_DRAFT)}
-    for name in sorted(drafts):
+    """:func:`check_draft_names`, then each draft's config is read (not its weights)."""
+    check_draft_names(caches)
+    for name in _drafts(caches):
         _check_draft(name)
 
 
 def _check_draft(name: str) -> None:
     from snapeval.models import model_spec, resolve_pretrained
 
-    models = sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml"))
-    if not (CONF_DIR / "model" / f"{name}.yaml").is_file() and "/" not in name and not Path(name).exists():
-        raise SnapevalError(
-            f"no model {name!r}: give self, a model config ({', '.join(models)}), a local directory or a "
-            "Hub id (owner/name)",
-            DRAFT_FIELD,
-        )
     spec = model_spec(name)
     try:
         source = resolve_pretrained(spec.pretrained)

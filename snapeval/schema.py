@@ -11,6 +11,7 @@ together, a grid, data files, shards, drafts) come next, still before any model 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -83,6 +84,14 @@ def shard(value: Any) -> str | None:
     return "i/n with 0 <= i < n (say 0/4), or null"
 
 
+def json_object(value: Any) -> str | None:
+    """A JSON object written as a string (``'{"window_size": 64}'``)."""
+    try:
+        return None if isinstance(json.loads(value), dict) else 'a JSON object such as {"name": 1}'
+    except (TypeError, ValueError):
+        return 'a JSON object such as {"name": 1}'
+
+
 boolean = choice(True, False)
 text: Check = lambda value: None if isinstance(value, str) else "a string"  # noqa: E731
 
@@ -115,6 +124,7 @@ FIELDS: dict[str, Check] = {
     "model.prompt_style": choice("openai_chat", "llama3", "codeqwen", "qwq", "deepseek_r1"),
     "model.dtype": choice("auto", "float32", "bfloat16", "float16"),
     "model.device": device,
+    "cache.press_args": json_object,
     "db.url": text,
     "db.lease_s": integer(low=4, high=MAX_LEASE_S),
 }

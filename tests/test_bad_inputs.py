@@ -157,8 +157,8 @@ def test_a_grid_takes_parameters_of_any_of_its_methods(tmp_path):
             ["+protocol=livecodebench_official", "task=ruler_passkey"],
             "protocol: livecodebench_official is a protocol of task livecodebench, not of task ruler_passkey",
         ),
-        (["cache=kvpress", "cache.press_args='{bad'"], "cache.press_args: not JSON ("),
-        (["cache=kvpress", "cache.press_args='[1, 2]'"], "cache.press_args: must be a JSON object"),
+        (["cache=kvpress", "cache.press_args='{bad'"], "cache.press_args: must be a JSON object such as"),
+        (["cache=kvpress", "cache.press_args='[1, 2]'"], "cache.press_args: must be a JSON object such as"),
     ],
 )
 def test_errors_that_came_after_the_model_loaded_now_come_before(tmp_path, monkeypatch, overrides, expected):
@@ -300,3 +300,12 @@ def test_as_commands_one_line_and_exit_code_2(tmp_path, args, expected):
     )
     assert (result.returncode, result.stderr) == (2, expected.replace("EMPTY", str(empty)))
     assert empty.read_bytes() == b""
+
+
+def test_press_args_are_read_as_json_whether_or_not_kvpress_is_installed():
+    from snapeval.cache.kvpress import _press
+
+    with pytest.raises(SnapevalError, match=r"^cache.press_args: not JSON \("):
+        _press("SnapKVPress", "{bad")
+    with pytest.raises(SnapevalError, match=r"^cache.press_args: must be a JSON object"):
+        _press("SnapKVPress", "[1, 2]")
