@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
+import snapeval.sandbox.layout as layout
+import snapeval.sandbox.processes as processes
 from snapeval.errors import SnapevalError
-from snapeval.sandbox import layout, processes
 from snapeval.sandbox.cgroups import memory_cgroup
 
 Status = Literal["ok", "error", "timeout", "memory", "killed"]
