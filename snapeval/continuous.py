@@ -358,14 +358,13 @@ class ContinuousBatcher:
         return _Row(
             request,
             cache.method,
-            fixed=first.capacity is not None,
+            fixed=first.fixed,
             slots=slots,
-            pinned=first.keys.shape[2] if first.capacity is None else first.capacity,
+            pinned=first.held,
             prefill_s=prefill.seconds[request.setting],
         )
 
     def _answer(self, index: int, row: _Row, stopped: str) -> Answer:
-        slot_bytes = self.slots.slot_bytes()
         held = row.slots if row.fixed else row.pinned + row.fed
         prompt_length = len(row.request.prompt_ids)
         compressed = row.method != "full"
@@ -377,8 +376,8 @@ class ContinuousBatcher:
             stopped,
             row.prefill_s,
             row.decode_s,
-            kv_bytes=held * slot_bytes,
-            ring_wraps=int(self.slots.wraps[index]),
+            kv_bytes=self.slots.row_bytes(held),
+            ring_wraps=int(self.slots.ring_wraps[index]),
             kept_histogram=histogram,
             kept_share=share,
         )

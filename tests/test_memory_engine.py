@@ -84,28 +84,7 @@ FAMILIES: dict[str, tuple[PretrainedConfig, torch.dtype]] = {
 }
 
 
-# Where the engine holds more than the estimator counts: expected failures, strict, so that a case the
-# engine comes to hold as counted fails until its mark is removed.
-ROW_GAP = (
-    "engine gap: SlotCache gives every layer the row's capacity; a sliding-window layer needs only its window"
-)
-HELD_GAP = "engine gap: a sliding-window layer keeps every prompt token (the window is masked, not evicted)"
-SLOT_ROW_GAPS = {"mistral_window": ROW_GAP, "gemma3": ROW_GAP, "gpt_oss": ROW_GAP}
-PREFILL_GAPS = {
-    (method, family): HELD_GAP
-    for method in ("full", "snapstream")
-    for family in ("mistral_window", "gemma3", "gpt_oss")
-}
 METHODS = {"full": {"method": "full"}, "snapstream": {"method": "snapstream", "budget": BUDGET}}
-
-
-def gap_marked(case: str | tuple[str, ...], gaps: dict) -> object:
-    """``case`` (a value or a tuple of them) as a pytest param, an expected failure if ``gaps`` names it."""
-    values = case if isinstance(case, tuple) else (case,)
-    ident = "-".join(values)
-    if case not in gaps:
-        return pytest.param(*values, id=ident)
-    return pytest.param(*values, id=ident, marks=pytest.mark.xfail(strict=True, reason=gaps[case]))
 
 
 def family_model(name: str, folder: Path) -> tuple[PreTrainedModel, str]:
@@ -135,7 +114,7 @@ def test_the_mla_slot_is_r1s_70272_bytes_over_61_layers(tmp_path):
     assert 61 * per_layer == kv_bytes_per_token(load_geometry("deepseek-r1"), "bf16") == 70_272
 
 
-@pytest.mark.parametrize("family", [gap_marked(family, SLOT_ROW_GAPS) for family in FAMILIES])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_slot_row_holds_what_the_estimate_says(family, tmp_path):
     model, kv_dtype = family_model(family, tmp_path)
     slots = SlotCache.for_model(model, rows=1, capacity=CAPACITY)
@@ -143,10 +122,7 @@ def test_a_slot_row_holds_what_the_estimate_says(family, tmp_path):
     assert held == kv_bytes_per_sequence(load_geometry(str(tmp_path)), CAPACITY, kv_dtype)
 
 
-@pytest.mark.parametrize(
-    ("method", "family"),
-    [gap_marked((m, f), PREFILL_GAPS) for m in METHODS for f in FAMILIES],
-)
+@pytest.mark.parametrize(("method", "family"), [(m, f) for m in METHODS for f in FAMILIES])
 def test_a_prefilled_cache_holds_what_the_estimate_says(method, family, tmp_path):
     model, kv_dtype = family_model(family, tmp_path)
     install(model)

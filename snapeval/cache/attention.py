@@ -12,7 +12,7 @@ here as ``"snapeval"``
   and afterwards gives the cache the layer's post-RoPE queries so it can score and compress that layer;
 * at decode, replaces the model's mask by the cache's own (that of a snapeval cache or of the batcher's
   :class:`~snapeval.cache.slots.SlotCache`): which slots are valid, causally visible and, on a layer with
-  a sliding window, inside it (:func:`snapeval.cache.base.visible_slots`). A compressed cache holds tokens
+  a sliding window, inside it (:func:`snapeval.cache.ring.visible_slots`). A compressed cache holds tokens
   out of order, so only the cache knows that mask. The cache may also transform the keys attended to
   (:meth:`~snapeval.cache.base.SnapevalCache.attention_keys`).
 

@@ -10,10 +10,12 @@ A layer is filled in one prefill, compressed right after that prefill's attentio
 fixed-capacity buffer, allocated once, whose slots after the ``pinned`` ones form a ring: a new token takes
 the next ring slot, and once the ring is full it overwrites the oldest token there.
 
-A layer with a sliding window (Mistral, Phi-3, Gemma 2/3 local layers, GPT-OSS) holds as many slots as the
-method holds of any layer; the method selects from the whole prompt by scores of the layer's own windowed
-attention (so a budget above the window keeps every token the layer can still see), and the window acts
-in the decode mask (:func:`visible_slots`): query i sees slot j iff i - window < j <= i.
+A layer with a sliding window (Mistral, Phi-3, Gemma 2/3 local layers, GPT-OSS) holds exactly its window:
+``min(window, the method's slots)`` slots, all a ring (:mod:`snapeval.cache.ring`). The method selects from
+the whole prompt by scores of the layer's own windowed attention; the layer keeps, of what it selected,
+the columns the next query can still see (the last window - 1), oldest first, and the decode mask
+(:func:`~snapeval.cache.ring.visible_slots`) shows query i slot j iff i - window < j <= i. A chunk
+appended after prefill attends to the ring and the chunk together and leaves its last tokens in the ring.
 """
 
 from __future__ import annotations
@@ -29,9 +31,16 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from snapeval.cache.mla import is_latent, latent_keys, latent_queries
+from snapeval.cache.ring import (
+    EMPTY,
+    ring_slots,
+    visible_slots,
+    window_capacity,
+    window_ring,
+    write_slots,
+)
 from snapeval.errors import SnapevalError
 
-EMPTY = -1
 LAYER_WINDOW = "snapeval_sliding_window"  # an attention module's sliding window, as its prefill passed it
 
 
@@ -111,8 +120,12 @@ class KVLayer(CacheLayerMixin):
         self.capacity: int | None = None
         self.ring_start = 0
         self.ring_next = 0
+        self.window: int | None = None  # the layer's sliding window, once its prompt is kept
+        self.fixed = False  # the method holds a fixed number of slots (else it grows)
+        self.held = 0  # slots the method holds (on a full layer): its capacity, or what it kept and appended
         self.prefilled = False
         self._dense = False
+        self._attended: torch.Tensor | None = None  # positions of the keys the last update returned
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -123,54 +136,80 @@ class KVLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         batch, heads, length, _ = key_states.shape
         columns = torch.arange(self.seen, self.seen + length, device=key_states.device)
+        columns = columns.repeat(batch, heads, 1)
+        self._attended = None
+        if self.prefilled and not self.fixed:
+            self.held += length
         if not self.prefilled:
             if self.keys is not None:
                 raise SnapevalError("a snapeval cache takes its prompt in one prefill call")
-            self.keys, self.values = key_states, value_states
-            self.positions = columns.repeat(batch, heads, 1)
+            self.keys, self.values, self.positions = key_states, value_states, columns
         elif self.capacity is None:
             self.keys = torch.cat([self.keys, key_states], dim=2)
             self.values = torch.cat([self.values, value_states], dim=2)
-            self.positions = torch.cat([self.positions, columns.repeat(batch, heads, 1)], dim=2)
+            self.positions = torch.cat([self.positions, columns], dim=2)
+        elif self.window is not None and length > 1:  # a chunk attends to the ring and itself
+            new = (key_states, value_states, columns)
+            attended = [torch.cat(pair, dim=2) for pair in zip(self._states(), new, strict=True)]
+            tail = min(length, self.capacity)
+            self._write_ring((key_states[:, :, -tail:], value_states[:, :, -tail:], columns[..., -tail:]))
+            self._attended = attended[2]
+            self.seen += length
+            return attended[0], attended[1]
         else:
-            slots = self._next_ring_slots(length)
-            self.keys.index_copy_(2, slots, key_states)
-            self.values.index_copy_(2, slots, value_states)
-            self.positions.index_copy_(2, slots, columns.repeat(batch, heads, 1))
+            self._write_ring((key_states, value_states, columns))
         self.seen += length
         return self.keys, self.values
 
-    def _next_ring_slots(self, length: int) -> torch.Tensor:
+    def _states(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.keys, self.values, self.positions
+
+    def _write_ring(self, states: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        length = states[0].shape[2]
         ring_size = self.capacity - self.ring_start
         if length > ring_size:
             raise SnapevalError(
                 f"cannot append {length} tokens at once to a ring of {ring_size} slots; feed them in chunks"
             )
-        offsets = (self.ring_next + torch.arange(length, device=self.keys.device)) % ring_size
+        slots = ring_slots(self.ring_start, self.ring_next, ring_size, length, self.keys.device)
+        write_slots(self._states(), slots[None], states)
         self.ring_next = (self.ring_next + length) % ring_size
-        return self.ring_start + offsets
 
-    def keep(self, valid: torch.Tensor, selection: Selection) -> None:
-        """Compress the prefilled prompt to ``selection``; padding columns (``~valid``) become EMPTY."""
+    def keep(self, valid: torch.Tensor, selection: Selection, window: int | None = None) -> None:
+        """Compress the prefilled prompt to ``selection``; padding columns (``~valid``) become EMPTY. A
+        layer with a sliding ``window`` keeps the selected columns still inside it, in a ring of
+        ``min(window, the method's slots)`` slots (:func:`~snapeval.cache.ring.window_ring`)."""
         prompt = (self.keys, self.values, self.positions.masked_fill(~valid[:, None, :], EMPTY))
         kept = prompt if selection.pinned is None else _gather(*prompt, selection.pinned)
         self.prefilled = True
-        self.capacity = selection.capacity
+        self.window = window
+        self.fixed = selection.capacity is not None
+        self.held = selection.capacity or kept[0].shape[2]
+        self.capacity = window_capacity(window, selection.capacity)
+        if window is not None:
+            columns = kept[2] if selection.ring is None else torch.cat([kept[2], selection.ring], dim=-1)
+            ring = window_ring(columns, self.seen, window, self.capacity)
+            self.keys, self.values, self.positions = _gather(*prompt, ring)
+            return
         if self.capacity is None:
             self.keys, self.values, self.positions = kept
             return
-        batch, heads, pinned, _ = kept[0].shape
+        pinned = kept[0].shape[2]
         if pinned >= self.capacity:
             raise SnapevalError(f"{pinned} pinned tokens leave no ring slot in a capacity of {self.capacity}")
-        self.keys = kept[0].new_zeros(batch, heads, self.capacity, kept[0].shape[-1])
-        self.values = kept[1].new_zeros(batch, heads, self.capacity, kept[1].shape[-1])
-        self.positions = kept[2].new_full((batch, heads, self.capacity), EMPTY)
+        self._allocate(*kept)
         self._write(slice(0, pinned), kept)
         self.ring_start = pinned
         if selection.ring is not None:
             filled = selection.ring.shape[-1]
             self._write(slice(pinned, pinned + filled), _gather(*prompt, selection.ring))
             self.ring_next = filled % (self.capacity - pinned)
+
+    def _allocate(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
+        batch, heads = keys.shape[:2]
+        self.keys = keys.new_zeros(batch, heads, self.capacity, keys.shape[-1])
+        self.values = values.new_zeros(batch, heads, self.capacity, values.shape[-1])
+        self.positions = positions.new_full((batch, heads, self.capacity), EMPTY)
 
     def _write(self, slots: slice, states: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         self.keys[:, :, slots], self.values[:, :, slots], self.positions[:, :, slots] = states
@@ -185,12 +224,13 @@ class KVLayer(CacheLayerMixin):
     def attention_mask(
         self, query_length: int, num_heads: int, window: int | None = None
     ) -> torch.Tensor | None:
-        """(batch, num_heads, q, slots) bool: the slots :func:`visible_slots` shows each query (a layer
-        with a sliding ``window`` sees only inside it); None if all."""
+        """(batch, num_heads, q, slots) bool: the slots :func:`~snapeval.cache.ring.visible_slots` shows
+        each query (a layer with a sliding ``window`` sees only inside it); None if all."""
         if query_length == 1 and self._dense and window is None:
             return None
-        query_columns = torch.arange(self.seen - query_length, self.seen, device=self.positions.device)
-        visible = visible_slots(self.positions, query_columns[None], window)
+        positions = self.positions if self._attended is None else self._attended
+        query_columns = torch.arange(self.seen - query_length, self.seen, device=positions.device)
+        visible = visible_slots(positions, query_columns[None], window)
         if query_length == 1 and window is None and bool(visible.all()):
             self._dense = True  # slots only ever fill up from here on
             return None
@@ -213,21 +253,6 @@ class KVLayer(CacheLayerMixin):
         if self.keys is None:
             return 0
         return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
-
-
-def visible_slots(positions: torch.Tensor, queries: torch.Tensor, window: int | None) -> torch.Tensor:
-    """(batch, kv_heads, q, slots) bool: which slots each query attends to, the one decode-mask rule of
-    every cache (single-sequence layers and the batcher's rows alike).
-
-    ``positions``: (batch, kv_heads, slots) input column of every slot (EMPTY: none); ``queries``:
-    (batch or 1, q) the queries' columns. Query i sees slot j iff j is held and j <= i, and on a layer
-    with a sliding ``window``, i - window < j too (transformers' sliding-window rule).
-    """
-    slots, columns = positions[:, :, None, :], queries[:, None, :, None]
-    visible = (slots >= 0) & (slots <= columns)
-    if window is not None:
-        visible &= slots > columns - window
-    return visible
 
 
 def _gather(keys, values, positions, columns):
@@ -294,7 +319,7 @@ class SnapevalCache(Cache):
     def finish_prefill(self, layer_idx: int, *args, **kwargs) -> None:
         """Compress ``layer_idx`` right after its prefill attention (arguments: :meth:`layer_prompt`'s)."""
         prompt = self.layer_prompt(layer_idx, *args, **kwargs)
-        self.layers[layer_idx].keep(prompt.valid, self.select(prompt))
+        self.layers[layer_idx].keep(prompt.valid, self.select(prompt), prompt.sliding_window)
 
     def layer_prompt(
         self,
@@ -318,7 +343,7 @@ class SnapevalCache(Cache):
             self.layers.append(KVLayer())
         layer = self.layers[layer_idx]
         layer.update(prompt.keys, values)
-        layer.keep(prompt.valid, self.select(prompt))
+        layer.keep(prompt.valid, self.select(prompt), prompt.sliding_window)
 
     def attention_mask(
         self, layer_idx: int, query_length: int, num_heads: int, window: int | None = None
@@ -336,7 +361,11 @@ class SnapevalCache(Cache):
 
     def append_limit(self) -> int | None:
         """Most tokens one forward call may append after prefill (a ring's size), or None: no limit."""
-        rings = [layer.capacity - layer.ring_start for layer in self.layers if layer.capacity is not None]
+        rings = [
+            layer.capacity - layer.ring_start
+            for layer in self.layers
+            if layer.capacity is not None and layer.window is None  # a window's ring takes any chunk
+        ]
         return min(rings) if rings else None
 
     def kept_histogram(
@@ -345,7 +374,7 @@ class SnapevalCache(Cache):
         """Share of the prompt's tokens still held, per bin of relative prompt position, averaged over
         layers, KV heads and batch rows (or one ``row``, whose prompt starts after ``padding`` columns):
         which parts of the prompt survive compression."""
-        positions = torch.stack([layer.positions for layer in self.layers])
+        positions = stacked([layer.positions for layer in self.layers])
         if row is not None:
             positions = positions[:, row : row + 1]
         positions = torch.where(positions >= padding, positions - padding, EMPTY)
@@ -354,6 +383,14 @@ class SnapevalCache(Cache):
     def kv_bytes(self) -> int:
         """Bytes of keys and values held, all layers."""
         return sum(layer.kv_bytes() for layer in self.layers)
+
+
+def stacked(positions: list[torch.Tensor]) -> torch.Tensor:
+    """Layers' slot columns stacked along a new first dimension, each padded with EMPTY slots to the widest
+    (a sliding-window layer holds fewer slots than a full one)."""
+    width = max(layer.shape[-1] for layer in positions)
+    pad = torch.nn.functional.pad
+    return torch.stack([pad(layer, (0, width - layer.shape[-1]), value=EMPTY) for layer in positions])
 
 
 def histogram_of_kept(positions: torch.Tensor, prompt_length: int, bins: int = 10) -> dict[str, list[float]]:

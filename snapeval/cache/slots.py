@@ -1,23 +1,27 @@
 """A fixed-shape KV cache of ``rows`` independent rows: the decode state of continuous batching.
 
-Every layer holds keys and values (rows, kv_heads, capacity, head_dim) and the input column of every
-slot (rows, kv_heads, capacity; -1 = empty), allocated once. A row is loaded from any snapeval cache
-right after that cache was prefilled (and so compressed) for one request (:meth:`SlotCache.load_row`):
-its kept prompt is pinned at the front of the row and the slots after it form the row's ring, as in
+Every full layer holds keys and values (rows, kv_heads, capacity, head_dim) and the input column of every
+slot (rows, kv_heads, capacity; -1 = empty), allocated once; a layer with a sliding window holds
+``min(window, capacity)`` slots. A row is loaded from any snapeval cache right after that cache was
+prefilled (and so compressed) for one request (:meth:`SlotCache.load_row`): on a full layer its kept
+prompt is pinned at the front of the row and the slots after it form the row's ring, as in
 :mod:`snapeval.cache.base`. For a cache that grows (``full``, ``snapkv``) the ring is sized to hold every
 token the request may generate, so it never wraps and the row equals the growing cache; for a
-fixed-capacity cache (``streaming_llm``, ``snapstream``) the ring is the cache's own.
+fixed-capacity cache (``streaming_llm``, ``snapstream``) the ring is the cache's own. A windowed layer's
+row is a ring of ``min(window, the row's slots)`` slots taking the cache's ring oldest first.
 
-The per-row cursors (ring start, size, next slot, tokens seen, wraps) are device tensors. A decode step
-(:meth:`begin_step`, one model call, :meth:`end_step`) writes each row's token at its own slot, masks
-what each row does not hold, and advances the cursors with tensor operations only: no host
-synchronisation, no branch on tensor values, no allocation, so it compiles to one graph and can be
-captured as a CUDA graph. Different prompt lengths, budgets and methods in one batch are just rows
-with different valid slots.
+The per-row cursors (ring start, size, next slot, wraps; one set per window value, full layers' included)
+and tokens seen are device tensors, moved by the functions of :mod:`snapeval.cache.ring` that the
+single-sequence caches use too. A decode step (:meth:`begin_step`, one model call, :meth:`end_step`)
+writes each row's token at its own slot, masks what each row does not hold, and advances the cursors with
+tensor operations only: no host synchronisation, no branch on tensor values, no allocation, so it
+compiles to one graph and can be captured as a CUDA graph. Different prompt lengths, budgets and methods
+in one batch are just rows with different valid slots.
 
-Which slots are valid is the same for every layer and KV head of a row (every method keeps the same
+Which slots are valid is the same for every full layer and KV head of a row (every method keeps the same
 number of tokens per head, and the ring fills in the same order), so one (rows, capacity) mask serves
-the whole model; :meth:`load_row` checks it.
+them all; :meth:`load_row` checks it. A windowed layer's mask is read per KV head from its slots'
+columns (:func:`~snapeval.cache.ring.visible_slots`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,16 @@ import torch
 from transformers import DynamicCache
 
 from snapeval.cache.attention import ROPE_ROTATION
-from snapeval.cache.base import EMPTY, SnapevalCache, histogram_of_kept, visible_slots
+from snapeval.cache.base import EMPTY, SnapevalCache, histogram_of_kept, stacked
+from snapeval.cache.ring import (
+    layer_window,
+    oldest_first,
+    rerotated_sinks,
+    ring_slots,
+    visible_slots,
+    window_capacity,
+    write_slots,
+)
 from snapeval.cache.rope import KeyRotation
 from snapeval.errors import SnapevalError
 
@@ -37,14 +50,48 @@ def rerotates(cache: SnapevalCache) -> bool:
     return bool(getattr(cache, "rerotate", False))
 
 
+class _Rings:
+    """The per-row ring cursors of the layers that share one capacity (full layers, or the layers with
+    one sliding window), as device tensors, and which of their slots each row holds."""
+
+    def __init__(self, rows: int, capacity: int, device: torch.device) -> None:
+        self.capacity = capacity
+        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
+        self.start = torch.zeros(rows, dtype=torch.long, device=device)
+        self.size = torch.ones(rows, dtype=torch.long, device=device)  # an unused row: a 1-slot ring
+        self.next = torch.zeros(rows, dtype=torch.long, device=device)
+        self.wraps = torch.zeros(rows, dtype=torch.long, device=device)
+        self.slot = torch.zeros(rows, dtype=torch.long, device=device)  # where the step's token goes
+        self.slot_index = torch.arange(capacity, device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.valid, self.start, self.size, self.next, self.wraps, self.slot]
+
+    def copy_from(self, other: _Rings) -> None:
+        self.valid[:, : other.capacity] = other.valid
+        for name in ("start", "size", "next", "wraps"):
+            getattr(self, name).copy_(getattr(other, name))
+
+    def begin_step(self) -> None:
+        cursor = (self.start[:, None], self.next[:, None], self.size[:, None])
+        self.slot.copy_(ring_slots(*cursor, 1, self.start.device)[:, 0])
+        self.valid.scatter_(1, self.slot[:, None], True)
+
+    def end_step(self) -> None:
+        self.next.add_(1).remainder_(self.size)
+        self.wraps.add_((self.next == 0).long())
+
+
 class SlotCache:
-    """``rows`` decode rows of ``capacity`` slots per layer and KV head, filled one request at a time.
+    """``rows`` decode rows of ``capacity`` slots per full layer and KV head, filled one request at a time.
 
     Pass it as ``past_key_values`` together with ``attention_mask=cache.mask()`` and
     ``position_ids=cache.seen[:, None]``, one token per row, between :meth:`begin_step` and
     :meth:`end_step`. ``rotations`` (per layer, how to turn its RoPE keys) are needed only for rows loaded
     from a StreamingLLM cache with ``rerotate``. Keys are ``key_dim`` wide and values ``value_dim`` (MLA
-    caches a latent as keys and the narrower rotary key as values, in one cache head).
+    caches a latent as keys and the narrower rotary key as values, in one cache head). ``windows``: per
+    layer, its sliding window or None; a windowed layer holds ``min(window, capacity)`` slots, with ring
+    cursors of its own (those of every layer with that window).
     """
 
     def __init__(
@@ -58,33 +105,45 @@ class SlotCache:
         dtype: torch.dtype,
         device: torch.device,
         rotations: list[KeyRotation | str | None] | None = None,
+        windows: list[int | None] | None = None,
     ) -> None:
         self.rows, self.capacity, self.num_layers = rows, capacity, layers
-        shape = (rows, kv_heads, capacity)
-        self.keys = [torch.zeros(*shape, key_dim, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(*shape, value_dim, dtype=dtype, device=device) for _ in range(layers)]
-        self.positions = [torch.full(shape, EMPTY, device=device) for _ in range(layers)]
-        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
-        self.ring_start = torch.zeros(rows, dtype=torch.long, device=device)
-        self.ring_size = torch.ones(rows, dtype=torch.long, device=device)  # an unused row: a 1-slot ring
-        self.ring_next = torch.zeros(rows, dtype=torch.long, device=device)
+        self.windows = windows or [None] * layers
+        self.rings = {
+            window: _Rings(rows, window_capacity(window, capacity), device) for window in self.windows
+        }
+        shapes = [(rows, kv_heads, self.rings[window].capacity) for window in self.windows]
+        self.keys = [torch.zeros(*shape, key_dim, dtype=dtype, device=device) for shape in shapes]
+        self.values = [torch.zeros(*shape, value_dim, dtype=dtype, device=device) for shape in shapes]
+        self.positions = [torch.full(shape, EMPTY, device=device) for shape in shapes]
         self.seen = torch.zeros(rows, dtype=torch.long, device=device)
-        self.wraps = torch.zeros(rows, dtype=torch.long, device=device)
         self.rerotate = torch.zeros(rows, dtype=torch.bool, device=device)
-        self.slot_index = torch.arange(capacity, device=device)
-        self._write_slot = torch.zeros(rows, dtype=torch.long, device=device)
         self.rotations = rotations or [None] * layers  # per layer: how to re-rotate keys, or why not
         self.any_rerotate = False  # a Python flag: the rotation is traced only when a row needs it
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, rows: int, capacity: int) -> SlotCache:
         """A slot cache shaped for ``model`` (a transformers causal LM with the snapeval attention): its
-        rows have the shapes of the tensors the model itself caches (:func:`cached_shapes`)."""
+        rows have the shapes of the tensors the model itself caches (:func:`cached_shapes`), and each
+        layer the sliding window its attention passes (:func:`~snapeval.cache.ring.layer_window`)."""
         # a layer's attention module comes after its decoder layer, so it is the one kept per index
-        attentions = {m.layer_idx: m for m in model.modules() if hasattr(m, ROPE_ROTATION)}
+        attentions = {m.layer_idx: m for m in model.modules() if hasattr(m, "layer_idx")}
         rotations = [getattr(attentions.get(index), ROPE_ROTATION, None) for index in range(len(attentions))]
+        windows = [layer_window(attentions.get(index)) for index in range(len(attentions))]
         layers, kv_heads, key_dim, value_dim, dtype = cached_shapes(model)
-        return cls(rows, capacity, layers, kv_heads, key_dim, value_dim, dtype, model.device, rotations)
+        return cls(
+            rows, capacity, layers, kv_heads, key_dim, value_dim, dtype, model.device, rotations, windows
+        )
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """(rows, slots) which slots each row holds in its first layer."""
+        return self.rings[self.windows[0]].valid
+
+    @property
+    def ring_wraps(self) -> torch.Tensor:
+        """(rows,) times each row's ring came round to its first slot (of its full layers, if any)."""
+        return self.rings[None if None in self.rings else self.windows[0]].wraps
 
     def grown(self, capacity: int) -> SlotCache:
         """A copy with ``capacity`` slots per row (rows keep their slots and cursors): for a request
@@ -99,54 +158,69 @@ class SlotCache:
             values.shape[3],
             keys.dtype,
             keys.device,
+            self.rotations,
+            self.windows,
         )
-        bigger.rotations, bigger.any_rerotate = self.rotations, self.any_rerotate
+        bigger.any_rerotate = self.any_rerotate
         for index in range(self.num_layers):
-            bigger.keys[index][:, :, : self.capacity] = self.keys[index]
-            bigger.values[index][:, :, : self.capacity] = self.values[index]
-            bigger.positions[index][..., : self.capacity] = self.positions[index]
-        bigger.valid[:, : self.capacity] = self.valid
-        for name in ("ring_start", "ring_size", "ring_next", "seen", "wraps", "rerotate"):
-            getattr(bigger, name).copy_(getattr(self, name))
+            held = self.keys[index].shape[2]
+            bigger.keys[index][:, :, :held] = self.keys[index]
+            bigger.values[index][:, :, :held] = self.values[index]
+            bigger.positions[index][..., :held] = self.positions[index]
+        for window, rings in self.rings.items():
+            bigger.rings[window].copy_from(rings)
+        bigger.seen.copy_(self.seen)
+        bigger.rerotate.copy_(self.rerotate)
         return bigger
 
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer of the cache (their storage never changes while it lives)."""
-        cursors = [self.valid, self.ring_start, self.ring_size, self.ring_next, self.seen, self.wraps]
-        return [*self.keys, *self.values, *self.positions, *cursors, self.rerotate, self._write_slot]
+        cursors = [tensor for rings in self.rings.values() for tensor in rings.tensors()]
+        return [*self.keys, *self.values, *self.positions, *cursors, self.seen, self.rerotate]
 
     # --- filling a row ---------------------------------------------------------------------------
     def load_row(self, row: int, cache: SnapevalCache, new_tokens: int) -> int:
-        """Copy a prefilled single-request ``cache`` into ``row``; returns the row's slots.
+        """Copy a prefilled single-request ``cache`` into ``row``; returns the row's slots (those of a full
+        layer).
 
         A growing cache gets a ring of ``new_tokens`` slots (every token the request may still add); a
-        fixed-capacity cache keeps its capacity, ring and cursor.
+        fixed-capacity cache keeps its capacity, ring and cursor. A sliding-window layer takes its ring,
+        oldest first, into ``min(window, the row's slots)`` slots.
         """
         first = cache.layers[0]
-        fixed = first.capacity is not None
-        held = first.keys.shape[2]
-        slots = first.capacity if fixed else held + new_tokens
+        slots = first.held if first.fixed else first.held + new_tokens
         if slots > self.capacity:
             raise SnapevalError(f"a request needs {slots} slots; this slot cache has {self.capacity}")
-        pattern = first.positions[0] >= 0
-        if not (pattern == pattern[:1]).all():
-            raise SnapevalError("a slot row takes one request whose layers and heads keep alike")
+        loaded = {}
         for index, layer in enumerate(cache.layers):
-            if layer.keys.shape[0] != 1 or not torch.equal(layer.positions[0] >= 0, pattern):
+            window = self.windows[index]
+            if layer.keys.shape[0] != 1 or layer.window != window:
+                raise SnapevalError("a slot row takes one request prefilled by this model")
+            if window is None:
+                cursor = (layer.ring_start, layer.ring_next) if layer.fixed else (layer.held, 0)
+                held, order = layer.keys.shape[2], slice(None)
+            else:
+                cursor, held = (0, 0), window_capacity(window, slots)
+                order = oldest_first(layer.ring_next, layer.capacity, layer.keys.device)[-held:]
+            valid = layer.positions[0, :, order] >= 0
+            group = loaded.setdefault(window, (cursor, valid[0]))
+            alike = (
+                group[0] == cursor and torch.equal(group[1], valid[0]) and bool((valid == valid[:1]).all())
+            )
+            if window is None and not alike:  # a window's mask reads each head's slots
                 raise SnapevalError("a slot row takes one request whose layers and heads keep alike")
-            self.keys[index][row, :, :held] = layer.keys[0]
-            self.values[index][row, :, :held] = layer.values[0]
+            self.keys[index][row, :, :held] = layer.keys[0, :, order]
+            self.values[index][row, :, :held] = layer.values[0, :, order]
             self.positions[index][row] = EMPTY
-            self.positions[index][row, :, :held] = layer.positions[0]
-        self.valid[row] = False
-        self.valid[row, :held] = pattern[0]
-        ring_start = first.ring_start if fixed else held
-        self.ring_start[row] = ring_start
-        self.ring_size[row] = slots - ring_start
-        self.ring_next[row] = first.ring_next if fixed else 0
+            self.positions[index][row, :, :held] = layer.positions[0, :, order]
+        for window, ((start, next_), valid) in loaded.items():
+            rings, size = self.rings[window], window_capacity(window, slots)
+            rings.valid[row] = False
+            rings.valid[row, : valid.shape[0]] = valid
+            rings.start[row], rings.size[row], rings.next[row] = start, size - start, next_
+            rings.wraps[row] = 0
         self.seen[row] = first.seen
-        self.wraps[row] = 0
-        rerotate = rerotates(cache) and ring_start > 0
+        rerotate = rerotates(cache) and any(layer.ring_start > 0 for layer in cache.layers)
         self.rerotate[row] = rerotate
         if rerotate:
             self.admit(cache)
@@ -155,8 +229,8 @@ class SlotCache:
     # --- one decode step -------------------------------------------------------------------------
     def begin_step(self) -> None:
         """Choose each row's slot for the token about to be fed and mark it valid."""
-        torch.add(self.ring_start, self.ring_next, out=self._write_slot)
-        self.valid.scatter_(1, self._write_slot[:, None], True)
+        for rings in self.rings.values():
+            rings.begin_step()
 
     def admit(self, cache: SnapevalCache) -> None:
         """Prepare the step for rows loaded from ``cache``: one that re-rotates keys is refused in one line
@@ -169,7 +243,8 @@ class SlotCache:
             self.any_rerotate = True
 
     def mask(self) -> torch.Tensor:
-        """(rows, 1, 1, capacity) bool attention mask of the step: the slots each row holds."""
+        """(rows, 1, 1, capacity) bool attention mask of the step for the model's call: the slots each row
+        holds in its first layer (the snapeval attention asks :meth:`attention_mask` per layer)."""
         return self.valid[:, None, None, :]
 
     owns_decode_mask = True
@@ -178,23 +253,25 @@ class SlotCache:
     def attention_mask(
         self, layer_idx: int, query_length: int, num_heads: int, window: int | None = None
     ) -> torch.Tensor:
-        """The step's mask of ``layer_idx``: :meth:`mask`, or on a layer with a sliding ``window`` the
-        rule of :func:`~snapeval.cache.base.visible_slots` per KV head (rows, num_heads, 1, capacity)."""
+        """The step's mask of ``layer_idx``: the slots each row holds (rows, 1, 1, slots), or on a layer
+        with a sliding ``window`` the rule of :func:`~snapeval.cache.ring.visible_slots` per KV head
+        (rows, num_heads, 1, slots)."""
         if window is None:
-            return self.mask()
+            return self.rings[self.windows[layer_idx]].valid[:, None, None, :]
         visible = visible_slots(self.positions[layer_idx], self.seen[:, None], window)
         return visible.repeat_interleave(num_heads // visible.shape[1], dim=1)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """transformers' cache hook: write one token per row, return the keys and values to attend."""
         keys, values, positions = self.keys[layer_idx], self.values[layer_idx], self.positions[layer_idx]
+        rings = self.rings[self.windows[layer_idx]]
         rows, heads = keys.shape[:2]
-        slot = self._write_slot[:, None, None]
-        keys.scatter_(2, slot[..., None].expand(rows, heads, 1, keys.shape[3]), key_states)
-        values.scatter_(2, slot[..., None].expand(rows, heads, 1, values.shape[3]), value_states)
-        positions.scatter_(2, slot.expand(rows, heads, 1), self.seen[:, None, None].expand(rows, heads, 1))
+        columns = self.seen[:, None, None].expand(rows, heads, 1)
+        write_slots((keys, values, positions), rings.slot[:, None], (key_states, value_states, columns))
         if self.any_rerotate:
-            return self._rerotated(self.rotations[layer_idx], keys, positions), values
+            pinned = (rings.slot_index[None, :] < rings.start[:, None])[:, None]  # (rows, 1, slots)
+            rotation = self.rotations[layer_idx]
+            return rerotated_sinks(rotation, keys, positions, pinned, self.rerotate), values
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -203,26 +280,15 @@ class SlotCache:
         return 0
 
     def end_step(self) -> None:
-        """Advance every row's cursor past the token just written."""
-        self.ring_next.add_(1).remainder_(self.ring_size)
-        self.wraps.add_((self.ring_next == 0).long())
+        """Advance every row's cursors past the token just written."""
+        for rings in self.rings.values():
+            rings.end_step()
         self.seen.add_(1)
-
-    def _rerotated(self, rotation: KeyRotation, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Keys with each re-rotating row's sinks turned forward by the tokens evicted after them
-        (StreamingLLM's positions inside the cache; see :mod:`snapeval.cache.streaming_llm`)."""
-        pinned = (self.slot_index[None, :] < self.ring_start[:, None])[:, None]  # (rows, 1, capacity)
-        in_ring = ~pinned & (positions >= 0)
-        oldest = positions.masked_fill(~in_ring, torch.iinfo(positions.dtype).max).amin(dim=-1)
-        last_sink = positions.masked_fill(~pinned, EMPTY).amax(dim=-1)
-        evicted = (oldest - last_sink - 1) * self.rerotate[:, None]
-        turned = rotation.rotate(keys, evicted)
-        return torch.where((pinned & self.rerotate[:, None, None])[..., None], turned, keys)
 
     # --- what a row holds ------------------------------------------------------------------------
     def row_positions(self, row: int) -> torch.Tensor:
         """(layers, kv_heads, capacity) input column of every slot of ``row`` (-1: empty)."""
-        return torch.stack([positions[row] for positions in self.positions])
+        return stacked([positions[row] for positions in self.positions])
 
     def kept_histogram(self, row: int, prompt_length: int, bins: int = 10) -> dict[str, list[float]]:
         """Share of the row's prompt still held per bin of relative position (see the base cache)."""
@@ -233,6 +299,15 @@ class SlotCache:
         positions = self.row_positions(row)
         held = ((positions >= 0) & (positions < prompt_length)).sum().item()
         return held / (positions.shape[0] * positions.shape[1] * prompt_length)
+
+    def row_bytes(self, held: int) -> int:
+        """Bytes of keys and values a row holding ``held`` slots (on a full layer) takes: a windowed layer
+        ``min(window, held)`` of them."""
+        return sum(
+            window_capacity(window, held)
+            * (keys[0, :, 0].numel() * keys.element_size() + values[0, :, 0].numel() * values.element_size())
+            for window, keys, values in zip(self.windows, self.keys, self.values, strict=True)
+        )
 
     def slot_bytes(self) -> int:
         """Bytes of keys and values one slot takes in every layer and KV head."""

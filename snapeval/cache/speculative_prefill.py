@@ -107,7 +107,7 @@ class SpeculativePrefillCache(SnapevalCache):
         if self.columns is not None:  # slots remember their columns in the prompt, not in the kept part
             layer = self.layers[layer_idx]
             columns = torch.tensor(self.columns, device=layer.positions.device)
-            layer.positions = columns.expand_as(layer.positions).masked_fill(layer.positions < 0, -1)
+            layer.positions = columns[layer.positions.clamp(min=0)].masked_fill(layer.positions < 0, -1)
             layer.seen = self.prompt_length
 
 

@@ -5,14 +5,8 @@ from __future__ import annotations
 import torch
 
 from snapeval.cache.attention import ROPE_ROTATION
-from snapeval.cache.base import (
-    EMPTY,
-    KVLayer,
-    LayerPrompt,
-    Selection,
-    SnapevalCache,
-    resolve_budget,
-)
+from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
+from snapeval.cache.ring import rerotated_sinks
 from snapeval.cache.rope import KeyRotation
 from snapeval.cache.scoring import first_valid_columns, top_columns
 from snapeval.cache.validation import check_budget, check_count
@@ -81,15 +75,8 @@ class StreamingLLMCache(SnapevalCache):
         layer = self.layers[layer_idx]
         if not self.rerotate or layer.ring_start == 0:
             return key
-        sinks = rotation_of(module).rotate(key[:, :, : layer.ring_start], _evicted(layer))
-        return torch.cat([sinks, key[:, :, layer.ring_start :]], dim=2)
-
-
-def _evicted(layer: KVLayer) -> torch.Tensor:
-    """(batch, kv_heads) tokens evicted so far: those between the last sink and the oldest ring token."""
-    pinned, ring = layer.positions[..., : layer.ring_start], layer.positions[..., layer.ring_start :]
-    oldest = ring.masked_fill(ring == EMPTY, layer.seen).amin(dim=-1)
-    return oldest - pinned.amax(dim=-1) - 1
+        pinned = torch.arange(key.shape[2], device=key.device) < layer.ring_start
+        return rerotated_sinks(rotation_of(module), key, layer.positions, pinned[None, None])
 
 
 def rotation_of(module: torch.nn.Module | None) -> KeyRotation:

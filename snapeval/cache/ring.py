@@ -1,0 +1,106 @@
+"""The ring of a fixed-capacity layer, shared by single-sequence caches and the batcher's rows.
+
+A fixed-capacity layer's slots after its ``start`` pinned ones form a ring of ``size`` slots whose cursor
+``next`` names the slot the next token takes; once the ring is full that slot holds its oldest token. One
+set of functions serves :class:`~snapeval.cache.base.KVLayer` (Python-int cursors, alike for every batch
+row) and :class:`~snapeval.cache.slots.SlotCache` (device-tensor cursors, one per row): which slots new
+tokens take (:func:`ring_slots`), writing them (:func:`write_slots`), which slots a query sees
+(:func:`visible_slots`, the one decode-mask rule), how a sliding-window layer's kept prompt fills its
+ring (:func:`window_ring`) and a row takes it (:func:`oldest_first`), and StreamingLLM's re-rotation of
+sink keys (:func:`rerotated_sinks`). Tensor operations only, so the batcher's step compiles.
+
+A layer with a sliding ``window`` holds ``min(window, the method's slots)`` slots, all of them a ring:
+query i sees key j iff i - window < j <= i (transformers' rule), so after a prompt of L columns only the
+columns after L - window can still be seen; those the method kept fill the ring oldest first, and tokens
+leave the ring in the order they leave the window.
+"""
+
+from __future__ import annotations
+
+import torch
+
+EMPTY = -1
+
+
+def ring_slots(start, next_, size, length: int, device: torch.device) -> torch.Tensor:
+    """Slots of the next ``length`` tokens: ``start + (next + k) % size`` for k < length. Cursors are ints
+    (one ring for every row) or (rows, 1) tensors; the result broadcasts to (rows or 1, length)."""
+    return start + (next_ + torch.arange(length, device=device)) % size
+
+
+def write_slots(buffers, slots: torch.Tensor, states) -> None:
+    """Write ``states`` (each (rows, heads, n, ...)) into ``buffers`` (keys, values, positions: (rows,
+    heads, slots, ...)) at ``slots`` ((rows or 1, n) slot indices)."""
+    for buffer, state in zip(buffers, states, strict=True):
+        index = slots[:, None, :].expand(state.shape[0], state.shape[1], -1)
+        if buffer.dim() == 4:
+            index = index[..., None].expand(-1, -1, -1, buffer.shape[-1])
+        buffer.scatter_(2, index, state)
+
+
+def window_capacity(window: int | None, slots: int | None) -> int | None:
+    """Slots a layer holds: ``slots`` (None: it grows), or on a layer with a sliding ``window``
+    ``min(window, slots)`` (a layer that would grow holds its window)."""
+    if window is None:
+        return slots
+    return window if slots is None else min(window, slots)
+
+
+def window_ring(kept: torch.Tensor, seen: int, window: int, capacity: int) -> torch.Tensor:
+    """(batch, heads, capacity) the columns a sliding-window layer's ring holds after its prompt, oldest
+    first and right-aligned (EMPTY before them), so the ring is full and its cursor at slot 0.
+
+    ``kept``: (batch, heads, n) the columns a method kept (EMPTY: none); ``seen``: the prompt's length in
+    columns. A column stays if the next query (at column ``seen``) still sees it: ``seen - window < j``.
+    """
+    inside = kept.masked_fill(kept <= seen - window, EMPTY)
+    ordered = inside.sort(dim=-1).values  # EMPTY first, then the columns in order
+    if ordered.shape[-1] < capacity:
+        ordered = torch.nn.functional.pad(ordered, (capacity - ordered.shape[-1], 0), value=EMPTY)
+    return ordered[..., ordered.shape[-1] - capacity :]
+
+
+def oldest_first(next_: int, size: int, device: torch.device) -> torch.Tensor:
+    """(size,) a ring's slots from its oldest token to its newest (the cursor's slot first)."""
+    return (next_ + torch.arange(size, device=device)) % size
+
+
+def rerotated_sinks(rotation, keys: torch.Tensor, positions: torch.Tensor, pinned: torch.Tensor, rows=None):
+    """``keys`` with their ``pinned`` slots (sinks; a bool tensor broadcasting to ``positions``) turned
+    forward by the tokens evicted after them (StreamingLLM's positions inside the cache): the gap between
+    the last sink and the oldest ring token. ``rows``: (rows,) bool, the rows that re-rotate (None: all)."""
+    in_ring = ~pinned & (positions >= 0)
+    oldest = positions.masked_fill(~in_ring, torch.iinfo(positions.dtype).max).amin(dim=-1)
+    last_sink = positions.masked_fill(~pinned, EMPTY).amax(dim=-1)
+    evicted = oldest - last_sink - 1
+    if rows is not None:
+        evicted = evicted * rows[:, None]
+        pinned = pinned & rows[:, None, None]
+    turned = rotation.rotate(keys, evicted)
+    return torch.where(pinned[..., None], turned, keys)
+
+
+def visible_slots(positions: torch.Tensor, queries: torch.Tensor, window: int | None) -> torch.Tensor:
+    """(batch, kv_heads, q, slots) bool: which slots each query attends to, the one decode-mask rule of
+    every cache (single-sequence layers and the batcher's rows alike).
+
+    ``positions``: (batch, kv_heads, slots) input column of every slot (EMPTY: none); ``queries``:
+    (batch or 1, q) the queries' columns. Query i sees slot j iff j is held and j <= i, and on a layer
+    with a sliding ``window``, i - window < j too (transformers' sliding-window rule).
+    """
+    slots, columns = positions[:, :, None, :], queries[:, None, :, None]
+    visible = (slots >= 0) & (slots <= columns)
+    if window is not None:
+        visible &= slots > columns - window
+    return visible
+
+
+def layer_window(module: torch.nn.Module | None) -> int | None:
+    """The sliding window transformers passes ``module``'s attention: the module's own ``sliding_window``
+    where it has one (Gemma 2/3, GPT-OSS, Qwen2/3: None on full layers), else its config's (Mistral,
+    Phi-3)."""
+    if module is None:
+        return None
+    if hasattr(module, "sliding_window"):
+        return module.sliding_window
+    return getattr(getattr(module, "config", None), "sliding_window", None)
