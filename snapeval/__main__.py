@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tabulate import tabulate
 
 from snapeval import schema
-from snapeval.config import compose_config
+from snapeval.config import compose_config, named_after_weights
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
-    config = OmegaConf.to_container(cfg, resolve=True)
+    config = named_after_weights(OmegaConf.to_container(cfg, resolve=True))
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:  # the schema was checked before Hydra started (check_before_hydra), and the runner checks again
         if config["job"] == "memory":
