@@ -2,7 +2,7 @@
 
 A fixed-capacity layer's slots after its ``start`` pinned ones form a ring of ``size`` slots whose cursor
 ``next`` names the slot the next token takes; once the ring is full that slot holds its oldest token. One
-set of functions serves :class:`~snapeval.cache.base.KVLayer` (Python-int cursors, alike for every batch
+set of functions serves :class:`~snapeval.cache.layer.KVLayer` (Python-int cursors, alike for every batch
 row) and :class:`~snapeval.cache.slots.SlotCache` (device-tensor cursors, one per row): which slots new
 tokens take (:func:`ring_slots`), writing them (:func:`write_slots`), which slots a query sees
 (:func:`visible_slots`, the one decode-mask rule), how a sliding-window layer's kept prompt fills its
