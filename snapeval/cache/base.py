@@ -18,25 +18,11 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
-from snapeval.cache.layer import KVLayer
+from snapeval.cache.layer import KVLayer, Selection
 from snapeval.cache.mla import is_latent, latent_keys, latent_queries
 from snapeval.cache.ring import EMPTY
 
 LAYER_WINDOW = "snapeval_sliding_window"  # an attention module's sliding window, as its prefill passed it
-
-
-@dataclass
-class Selection:
-    """What a layer keeps of its prompt.
-
-    ``pinned``: (batch, kv_heads, P) prompt columns kept for good (EMPTY for an unused slot), or None to
-    keep the whole prompt in order. ``ring``: (batch, kv_heads, R0) columns placed oldest-first in the ring.
-    ``capacity``: total slots of a fixed-capacity layer, or None for a layer that grows.
-    """
-
-    pinned: torch.Tensor | None = None
-    ring: torch.Tensor | None = None
-    capacity: int | None = None
 
 
 @dataclass

@@ -20,7 +20,7 @@ appended after prefill attends to the ring and the chunk together and leaves its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
@@ -35,8 +35,19 @@ from snapeval.cache.ring import (
 )
 from snapeval.errors import SnapevalError
 
-if TYPE_CHECKING:
-    from snapeval.cache.base import Selection
+
+@dataclass
+class Selection:
+    """What a layer keeps of its prompt.
+
+    ``pinned``: (batch, kv_heads, P) prompt columns kept for good (EMPTY for an unused slot), or None to
+    keep the whole prompt in order. ``ring``: (batch, kv_heads, R0) columns placed oldest-first in the ring.
+    ``capacity``: total slots of a fixed-capacity layer, or None for a layer that grows.
+    """
+
+    pinned: torch.Tensor | None = None
+    ring: torch.Tensor | None = None
+    capacity: int | None = None
 
 
 class KVLayer(CacheLayerMixin):
