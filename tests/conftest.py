@@ -54,3 +54,16 @@ def composed_sweep(experiment: str | None, *overrides: str) -> list[dict]:
             effective_params(point["cache"])  # builds the cache: rejects impossible parameters
             configs.append(point)
     return configs
+
+
+@pytest.fixture
+def torch_refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """An environment for a subprocess in which ``import torch`` fails: a command that ends as expected
+    under it did its work before torch (and transformers, which imports it) could load."""
+    import os
+
+    shadow = tmp_path_factory.mktemp("no_torch")
+    (shadow / "torch").mkdir()
+    (shadow / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
+    path = os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
