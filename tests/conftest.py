@@ -67,3 +67,12 @@ def torch_refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (shadow / "torch" / "__init__.py").write_text("raise ImportError('torch was imported')\n")
     path = os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path}
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models on a shared CPU: one thread is ~50x faster than several fighting for two cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

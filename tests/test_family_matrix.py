@@ -87,13 +87,7 @@ def prompt(seed: int = 1) -> list[int]:
     return torch.randint(3, VOCAB, (PROMPT_LENGTH,), generator=generator).tolist()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared CPU: one thread is ~50x faster than several fighting for two cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
