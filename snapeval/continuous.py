@@ -322,8 +322,9 @@ class ContinuousBatcher:
         compiled step) while it is large enough."""
         capacity = max(self._slots_needed(request) for request in requests)
         if self.slots is None or self.slots.capacity < capacity:
-            check_rows_fit(self.rows, capacity, cached_shapes(self.model), self.model.device)
-            self.slots = SlotCache.for_model(self.model, self.rows, capacity)
+            shapes = cached_shapes(self.model)  # one probing forward for the check and the rows
+            check_rows_fit(self.rows, capacity, shapes, self.model.device)
+            self.slots = SlotCache.for_model(self.model, self.rows, capacity, shapes)
             _pin_for_cuda_graphs(self.slots.tensors())
 
     def _compiled_step(self) -> Callable:

@@ -122,15 +122,18 @@ class SlotCache:
         self.any_rerotate = False  # a Python flag: the rotation is traced only when a row needs it
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, rows: int, capacity: int) -> SlotCache:
+    def for_model(
+        cls, model: torch.nn.Module, rows: int, capacity: int, shapes: tuple | None = None
+    ) -> SlotCache:
         """A slot cache shaped for ``model`` (a transformers causal LM with the snapeval attention): its
-        rows have the shapes of the tensors the model itself caches (:func:`cached_shapes`), and each
-        layer the sliding window its attention passes (:func:`~snapeval.cache.ring.layer_window`)."""
+        rows have the shapes of the tensors the model itself caches (``shapes``, read by
+        :func:`cached_shapes` if not given), and each layer the sliding window its attention passes
+        (:func:`~snapeval.cache.ring.layer_window`)."""
         # a layer's attention module comes after its decoder layer, so it is the one kept per index
         attentions = {m.layer_idx: m for m in model.modules() if hasattr(m, "layer_idx")}
         rotations = [getattr(attentions.get(index), ROPE_ROTATION, None) for index in range(len(attentions))]
         windows = [layer_window(attentions.get(index)) for index in range(len(attentions))]
-        layers, kv_heads, key_dim, value_dim, dtype = cached_shapes(model)
+        layers, kv_heads, key_dim, value_dim, dtype = shapes or cached_shapes(model)
         return cls(
             rows, capacity, layers, kv_heads, key_dim, value_dim, dtype, model.device, rotations, windows
         )
