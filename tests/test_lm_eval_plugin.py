@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,62 @@ def test_a_fresh_interpreter_finds_snapstream_and_lm_evals_own_models(tmp_path):
         tmp_path,
     )
     assert out.split() == ["snapeval.lm_eval_model", "SnapStreamLM", "HFLM"]
+
+
+def test_a_regular_wheel_carries_the_configs_and_task_definitions_apart_from_the_task_modules(tmp_path):
+    """``pip install .`` (not editable): ``conf/`` and the top-level ``tasks/`` travel inside the package,
+    the definitions as ``snapeval/lm_eval_tasks`` (``snapeval/tasks`` is the Python package of task
+    modules), and :mod:`snapeval.paths` finds both from outside any checkout."""
+    root = Path(__file__).resolve().parents[1]
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            tmp_path,
+            root,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    [wheel] = tmp_path.glob("snapeval-*.whl")
+    installed = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(installed)
+    definitions = sorted(p.name for p in (installed / "snapeval/lm_eval_tasks").iterdir())
+    assert definitions == sorted(p.name for p in (root / "tasks").iterdir() if p.is_file())
+    assert "snapeval_aime24.yaml" in definitions and "utils.py" in definitions
+    assert not list((installed / "snapeval/tasks").glob("*.yaml"))  # the modules' package stays apart
+    assert (installed / "snapeval_lm_eval.pth").is_file()
+    assert (installed / "snapeval/conf/config.yaml").is_file()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from snapeval.paths import CONF_DIR, LM_EVAL_TASKS_DIR\n"
+            "from snapeval.tasks import task_names\n"
+            "print(CONF_DIR, LM_EVAL_TASKS_DIR, len(task_names()))",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(installed)},
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    assert out == [
+        str(installed / "snapeval/conf"),
+        str(installed / "snapeval/lm_eval_tasks"),
+        str(sum(name.endswith(".yaml") for name in definitions)),
+    ]
 
 
 def test_start_up_hook_imports_nothing_heavy(tmp_path):

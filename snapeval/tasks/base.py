@@ -3,8 +3,8 @@
 A benchmark is one module of :mod:`snapeval.tasks` holding one :class:`Task` subclass: where its rows
 come from, how a row becomes chat messages, how an output is scored, and the switches its protocol
 offers (``options``). Its settings (generation length, truncation, query split, option defaults) are its
-Hydra config, ``conf/task/<name>.yaml``; the lm-eval task definitions under ``lm_eval_tasks/`` are
-generated from both (:mod:`snapeval.tasks.lm_eval_export`). Tasks know nothing of caches.
+Hydra config, ``conf/task/<name>.yaml``; the lm-eval task definitions under the top-level ``tasks/``
+are generated from both (:mod:`snapeval.tasks.lm_eval_export`). Tasks know nothing of caches.
 
 Rows come from a local file or folder, ``$SNAPEVAL_DATA_DIR`` or the Hugging Face Hub (:func:`load_rows`),
 in this order: an explicit ``data_path`` (a .jsonl/.json/.parquet file, or a folder holding one), then
@@ -114,10 +114,11 @@ class Task(ABC):
     id_field: ClassVar[str | None] = None
     needs_tokenizer: ClassVar[bool] = False  # rows are generated with the model's tokenizer
 
-    def __init__(self, cfg: Mapping[str, Any], seed: int = 0) -> None:
+    def __init__(self, cfg: Mapping[str, Any], seed: int = 0, limit: int | None = None) -> None:
         self.config = cfg
         self.name: str = cfg["name"]
         self.seed = seed
+        self.limit = limit
         self.max_new_tokens: int = cfg["max_new_tokens"]
         self.truncation: str = cfg.get("truncation", "error")
         self.max_prompt_tokens: int | None = cfg.get("max_prompt_tokens")
@@ -153,7 +154,7 @@ class Task(ABC):
         return [{"role": "system", "content": self.system_message}, *user] if self.system_message else user
 
     def prompts(self, tokenizer: PreTrainedTokenizerBase) -> list[Prompt]:
-        """Every sample of the task, in a fixed order."""
+        """The task's samples in a fixed order, the first :attr:`limit` of them."""
         return [
             Prompt(
                 id=str(row[self.id_field]) if self.id_field else str(index),
@@ -162,7 +163,7 @@ class Task(ABC):
                 metadata=self.prompt_metadata(row),
                 doc=row,
             )
-            for index, row in enumerate(self.rows(tokenizer))
+            for index, row in enumerate(self.rows(tokenizer)[: self.limit])
         ]
 
     def score(self, prompt: Prompt, output: str) -> dict[str, float]:

@@ -1,9 +1,9 @@
-"""The lm-eval task definitions (``lm_eval_tasks/snapeval_<task>.yaml``), generated from the registry.
+"""The lm-eval task definitions (``tasks/snapeval_<task>.yaml``), generated from the registry.
 
 Each definition names the task's generation length (``max_new_tokens`` of ``conf/task/<task>.yaml``),
 metrics and system message (its :class:`~snapeval.tasks.base.Task` class), and delegates everything
-else to ``lm_eval_tasks/utils.py``, which builds the same task from the registry. So a setting lives in
-one place, and ``lm_eval --include_path lm_eval_tasks --tasks snapeval_<task>`` scores as
+else to ``tasks/utils.py``, which builds the same task from the registry. So a setting lives in
+one place, and ``lm_eval --include_path tasks --tasks snapeval_<task>`` scores as
 ``python -m snapeval task=<task>`` does. Regenerate after changing a task or its config::
 
     python -m snapeval.tasks.lm_eval_export            # write
