@@ -117,8 +117,8 @@ def sweep(args) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for index, (name, overrides) in enumerate(ways.items()):
-            command = [sys.executable, "-m", "snapeval", *overrides, "progress=false"]
-            command += [f"db.url={scratch}/{index}.sqlite", f"hydra.sweep.dir={scratch}/sweep{index}"]
+            command = [sys.executable, "-m", "snapeval", *overrides, "run.progress=false"]
+            command += [f"run.db={scratch}/{index}.sqlite", f"hydra.sweep.dir={scratch}/sweep{index}"]
             command += [f"hydra.run.dir={scratch}/run{index}"]
             start = time.perf_counter()
             subprocess.run(command, check=True, capture_output=True)

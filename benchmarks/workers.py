@@ -1,7 +1,7 @@
 """Workers benchmark: wall time of one sweep with 1 local worker and with N, through Hydra's joblib launcher.
 
 Each worker count runs the same sweep into a fresh SQLite database, as a Hydra multirun whose jobs are
-the shards of the sweep (``task.shard=0/N,...``, ``hydra/launcher=joblib hydra.launcher.n_jobs=N``;
+the shards of the sweep (``run.shard=0/N,...``, ``hydra/launcher=joblib hydra.launcher.n_jobs=N``;
 joblib gives each worker process ``cores / N`` threads), then, for N workers, once more as N copies of
 the same command splitting the samples by claims only (no shards; each given ``cores / N`` threads
 through ``OMP_NUM_THREADS``, as joblib does). It prints the machine, the date and
@@ -30,12 +30,12 @@ from snapeval.results import ResultsDB
 
 def sweep(workers: int, experiment: str, limit: int, db: str, claims_only: bool) -> list[list[str]]:
     """The command line(s) of one timed run: a joblib multirun over shards, or N copies of one command."""
-    point = [f"+exp={experiment}", f"task.limit={limit}", "progress=false", f'db.url="{db}"']
+    point = [f"+exp={experiment}", f"run.limit={limit}", "run.progress=false", f'run.db="{db}"']
     if workers == 1 or claims_only:
         return [[sys.executable, "-m", "snapeval", *point]] * workers
     shards = ",".join(f"{index}/{workers}" for index in range(workers))
     launcher = ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={workers}"]
-    return [[sys.executable, "-m", "snapeval", "-m", *point, f"task.shard={shards}", *launcher]]
+    return [[sys.executable, "-m", "snapeval", "-m", *point, f"run.shard={shards}", *launcher]]
 
 
 def timed(commands: list[list[str]], folder: Path) -> float:
@@ -60,12 +60,12 @@ def timed(commands: list[list[str]], folder: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiment", default="ruler_budget_sweep", help="the +exp= to run")
-    parser.add_argument("--limit", type=int, default=4, help="task.limit: prompts per point")
+    parser.add_argument("--limit", type=int, default=4, help="run.limit: prompts per point")
     parser.add_argument("--workers", type=int, nargs="+", default=[2], help="worker counts to compare with 1")
     args = parser.parse_args()
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"# {datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, {os.cpu_count()} cores, load {load}")
-    print(f"# python -m snapeval +exp={args.experiment} task.limit={args.limit}")
+    print(f"# python -m snapeval +exp={args.experiment} run.limit={args.limit}")
     rows, single = [], None
     runs = [(1, False)] + [(n, claims) for n in args.workers for claims in (False, True)]
     for workers, claims_only in runs:

@@ -1,4 +1,4 @@
-"""How many decode rows a run gets: ``generation.batch_size``, capped by what the run can use (its number
+"""How many decode rows a run gets: ``run.batch_size``, capped by what the run can use (its number
 of requests) and refused in one line when the rows would not fit in the memory free on the device.
 
 A row holds ``capacity`` slots in every layer and KV head: keys, values and their positions
@@ -16,7 +16,7 @@ import torch
 
 from snapeval.errors import SnapevalError
 
-FIELD = "generation.batch_size"
+FIELD = "run.batch_size"
 POSITION_BYTES = 8  # an int64 position per slot, layer and KV head
 MEMINFO = Path("/proc/meminfo")
 

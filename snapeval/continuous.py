@@ -151,13 +151,13 @@ class _Prefill:
 
 
 def check_compile(mode: str) -> None:
-    """Reject a ``generation.compile`` value that is not one of :data:`COMPILE_MODES`."""
+    """Reject a ``run.compile`` value that is not one of :data:`COMPILE_MODES`."""
     if mode not in COMPILE_MODES:
-        raise SnapevalError(f"choose one of {', '.join(COMPILE_MODES)}, got {mode!r}", "generation.compile")
+        raise SnapevalError(f"choose one of {', '.join(COMPILE_MODES)}, got {mode!r}", "run.compile")
 
 
 def compiles(mode: str, device: torch.device) -> bool:
-    """Whether ``generation.compile`` = ``mode`` compiles the decode step on ``device``.
+    """Whether ``run.compile`` = ``mode`` compiles the decode step on ``device``.
 
     ``auto`` compiles on CUDA (where CUDA graphs remove the launch overhead that dominates a decode
     step) and not on CPU, where compiling takes minutes and gains little (see benchmarks/README.md).
@@ -175,7 +175,7 @@ class ContinuousBatcher:
 
     def __init__(self, model: PreTrainedModel, rows: int, compile: str = "off", refill: bool = True) -> None:
         if not isinstance(rows, int) or rows <= 0:
-            raise SnapevalError(f"must be a positive integer, got {rows!r}", "generation.batch_size")
+            raise SnapevalError(f"must be a positive integer, got {rows!r}", "run.batch_size")
         self.model, self.rows, self.refill = model, rows, refill
         self.compiled = compiles(compile, model.device)
         self.slots: SlotCache | None = None

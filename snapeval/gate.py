@@ -6,7 +6,7 @@ at least ``min_n`` paired samples, the one-sided 95% lower bound of a paired boo
 full accuracy with 95% confidence. The spec is a YAML list of gates::
 
     - name: passkey-snapstream
-      task: [task=ruler_passkey, task.context_length=512, task.limit=20]   # Hydra overrides
+      task: [task=ruler_passkey, task.context_length=512, run.limit=20]   # Hydra overrides
       cache: [cache=snapstream, cache.budget=256]
       min_retained: 0.8
       min_n: 20
@@ -32,9 +32,10 @@ import numpy as np
 import yaml
 
 from snapeval.cache import effective_params
+from snapeval.cli import DB_OPTION, add_db_option, one_line_errors, open_existing
 from snapeval.config import compose_config
 from snapeval.errors import SnapevalError
-from snapeval.results import DB_ENV_VAR, DEFAULT_DB, ResultsDB, config_hash, database_url, stored_config
+from snapeval.results import ResultsDB, config_hash, database_url, stored_config
 from snapeval.runner import run
 from snapeval.stats import paired_bootstrap_lower_bound
 
@@ -75,8 +76,8 @@ class Gate:
         """The full-cache and the compressed run configs, storing their samples at ``db_url``."""
         configs = compose_config(*self.task, "cache=full"), compose_config(*self.task, *self.cache)
         for config in configs:
-            config["db"]["url"] = db_url
-            config["progress"] = False
+            config["run"]["db"] = db_url
+            config["run"]["progress"] = False
         return configs
 
 
@@ -162,27 +163,23 @@ def _scores(db: ResultsDB, config: Mapping[str, Any]) -> dict[str, float]:
     return {row["sample_id"]: row["score"] for row in rows if row["score"] is not None}
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m snapeval.gate", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--spec", required=True, type=Path, help="YAML list of gates, e.g. conf/gates/ci.yaml"
     )
-    parser.add_argument(
-        "--db", help=f"database path or SQLAlchemy URL (default: ${DB_ENV_VAR}, else {DEFAULT_DB})"
-    )
+    add_db_option(parser)
     parser.add_argument("--no-run", action="store_true", help="judge the stored samples only; run nothing")
     args = parser.parse_args(argv)
-    try:
-        gates = load_gates(args.spec)
-        db_url = database_url(args.db)
-        if not args.no_run:
-            for gate in gates:
-                run_gate(gate, db_url)
-        with ResultsDB(db_url, must_exist=True) as db:
-            verdicts = [judge(gate, db) for gate in gates]
-    except SnapevalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    gates = load_gates(args.spec)
+    db_url = database_url(args.db)
+    if not args.no_run:
+        ResultsDB(db_url, field=DB_OPTION).close()  # a database that cannot be written fails here, on --db
+        for gate in gates:
+            run_gate(gate, db_url)
+    with open_existing(db_url) as db:
+        verdicts = [judge(gate, db) for gate in gates]
     for verdict in verdicts:
         print(verdict.report())
     failed = sum(not verdict.passed for verdict in verdicts)

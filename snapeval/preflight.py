@@ -25,10 +25,10 @@ def check_inputs(config: Mapping[str, Any]) -> None:
 
     task = load_task(config["task"], config["seed"])
     if not task.needs_tokenizer:  # rows are read from a file (or the Hub): read them now
-        count = len(task.rows(None)[: config["task"].get("limit")])
+        count = len(task.rows(None)[: config["run"]["limit"]])
     else:  # generated: as many as asked for
-        count = config["task"].get("limit") or config["task"].get("num_samples") or 1
-    check_shard(count * config["generation"]["num_samples"], config["task"].get("shard"))
+        count = config["run"]["limit"] or config["task"].get("num_prompts") or 1
+    check_shard(count * config["generation"]["num_samples"], config["run"]["shard"])
 
     if config.get("grid") is None:  # a draft's name, before torch loads
         check_draft_names([config["cache"]])
@@ -53,7 +53,7 @@ def check_shard(samples: int, spec: str | None) -> None:
     if samples * (index + 1) // count == samples * index // count:
         raise SnapevalError(
             f"shard {spec} of {samples} sample(s) is empty: use at most {samples} shards, or more samples",
-            "task.shard",
+            "run.shard",
         )
 
 

@@ -63,7 +63,7 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     task = cfg["task"]
     if task["name"] == "livecodebench":  # graded in the sandbox: a machine that cannot run it fails now
         isolation()
-    check_compile(cfg["generation"]["compile"])
+    check_compile(cfg["run"]["compile"])
     check_device(cfg["model"].get("device", "auto"))
     AnswerPass.from_config(task.get("answer_pass"))
     check_grid(cfg)
@@ -89,7 +89,7 @@ def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
     every sample; return one summary per cache setting. A grid point with impossible settings is recorded
     as failed and skipped (its error printed); the run fails only when every point does."""
     protocols.announce(cfg)  # a preset's deviations from the official run, stored with it (its config)
-    with ResultsDB(cfg["db"]["url"]) as db:
+    with ResultsDB(cfg["run"]["db"]) as db:
         configs, failures = [], []
         for point in _points_or_fail(db, cfg):
             try:
@@ -103,13 +103,13 @@ def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
         for exc in failures:
             print(f"error: {exc} (this grid point is skipped)", file=sys.stderr)
         spec = ModelSpec.from_config(cfg["model"])
-        task = load_task(cfg["task"], cfg["seed"])
-        prompts = task.prompts(load_tokenizer(spec))[: cfg["task"].get("limit")]
+        task = load_task(cfg["task"], cfg["seed"], cfg["run"]["limit"])
+        prompts = task.prompts(load_tokenizer(spec))
         prompts = draws(prompts, cfg["generation"]["num_samples"])
-        check_shard(len(prompts), cfg["task"].get("shard"))
+        check_shard(len(prompts), cfg["run"]["shard"])
         check_drafts([config["cache"] for config in configs])
-        prompts = shard(prompts, cfg["task"].get("shard"))
-        lease_s = cfg["db"].get("lease_s", DEFAULT_LEASE_S)
+        prompts = shard(prompts, cfg["run"]["shard"])
+        lease_s = cfg["run"].get("lease_s", DEFAULT_LEASE_S)
         points = _start_points(db, configs, prompts, lease_s)
         run_ids = [point.run_id for point in points]
         try:
@@ -201,7 +201,7 @@ def _evaluate(
     tokenizer = load_tokenizer(spec)
     attach_drafts(model, tokenizer, [point.config["cache"] for point in points])
     generation_cfg = cfg["generation"]
-    max_new_tokens = generation_cfg.get("max_new_tokens") or task.max_new_tokens
+    max_new_tokens = task.max_new_tokens
     stop_ids = frozenset(_stop_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id))
     should_stop = stop_check(tokenizer, getattr(task, "stop", ()))  # the task's stop strings
     encoded: dict[str | None, tuple[tuple[int, ...], int | None]] = {}
@@ -236,7 +236,7 @@ def _evaluate(
     progress = tqdm(
         total=sum(len(point.todo) for point in points),
         desc=f"{task.name} [{label}]",
-        disable=not cfg.get("progress", True),
+        disable=not cfg["run"]["progress"],
     )
 
     def store(point: _Point, prompt: Prompt, calls: list[Answer]) -> None:
@@ -268,8 +268,8 @@ def _evaluate(
 
     groups = [points] if shares_prefill(cfg) else [[point] for point in points]
     most = max(sum(prompt.id in point.todo for prompt in prompts for point in group) for group in groups)
-    batch_size = usable_rows(generation_cfg["batch_size"], most)  # rows beyond the requests stay idle
-    batcher = ContinuousBatcher(model, batch_size, generation_cfg["compile"])
+    batch_size = usable_rows(cfg["run"]["batch_size"], most)  # rows beyond the requests stay idle
+    batcher = ContinuousBatcher(model, batch_size, cfg["run"]["compile"])
     for group in groups:
         queued = [
             request(point, prompt, prompt.messages, max_new_tokens, [])
@@ -305,7 +305,7 @@ def _stop_ids(*ids: int | list[int] | None) -> set[int]:
 
 def _summarize(point: _Point, rows: list[dict[str, Any]]) -> RunSummary:
     if not rows and not point.todo:
-        raise SnapevalError("no samples were evaluated", "task.limit")
+        raise SnapevalError("no samples were evaluated", "run.limit")
     summary = summary_of(rows)
     return RunSummary(
         run_id=point.run_id,

@@ -97,22 +97,16 @@ text: Check = lambda value: None if isinstance(value, str) else "a string"  # no
 
 FIELDS: dict[str, Check] = {
     "seed": integer(low=0),
-    "progress": boolean,
     "job": choice("evaluate", "memory"),
-    "generation.max_new_tokens": integer(optional=True),
     "generation.do_sample": boolean,
     "generation.temperature": number(0, 100, low_open=True),
     "generation.top_p": number(0, 1, low_open=True),
     "generation.num_samples": integer(),
-    "generation.batch_size": integer(),
-    "generation.compile": choice("auto", "on", "off"),
     "task.name": text,
-    "task.limit": integer(optional=True),
-    "task.shard": shard,
     "task.max_new_tokens": integer(),
     "task.max_prompt_tokens": integer(optional=True),
     "task.context_length": integer(low=16),
-    "task.num_samples": integer(),
+    "task.num_prompts": integer(),
     "task.truncation": choice("error", "middle"),
     "task.compression": choice("query_aware", "query_agnostic"),
     "task.cot": boolean,
@@ -125,8 +119,13 @@ FIELDS: dict[str, Check] = {
     "model.dtype": choice("auto", "float32", "bfloat16", "float16"),
     "model.device": device,
     "cache.press_args": json_object,
-    "db.url": text,
-    "db.lease_s": integer(low=4, high=MAX_LEASE_S),
+    "run.limit": integer(optional=True),
+    "run.shard": shard,
+    "run.batch_size": integer(),
+    "run.compile": choice("auto", "on", "off"),
+    "run.progress": boolean,
+    "run.db": text,
+    "run.lease_s": integer(low=4, high=MAX_LEASE_S),
 }
 
 
@@ -167,7 +166,7 @@ def _check_protocol(config: Mapping[str, Any]) -> None:
 def _check_new_tokens(config: Mapping[str, Any]) -> None:
     """The answer's length must leave room for a prompt in the model's window."""
     window = config.get("model", {}).get("max_context")
-    for path in ("generation.max_new_tokens", "task.max_new_tokens"):
+    for path in ("task.max_new_tokens",):
         found, value = _lookup(config, path)
         if found and isinstance(value, int) and isinstance(window, int) and value >= window:
             raise SnapevalError(

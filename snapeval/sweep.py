@@ -15,9 +15,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
-from tabulate import tabulate
 
+from snapeval.cli import open_existing, report
+from snapeval.errors import SnapevalError
 from snapeval.results import ResultsDB, summary_of
+from snapeval.tables import SWEEP_COLUMNS, cache_label, numbers, render, task_label
 
 
 class SweepSummary(Callback):
@@ -41,12 +43,16 @@ class SweepSummary(Callback):
         print(f"[sweep] point {self.points}{of_total}: {overrides}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        with ResultsDB(config.db.url) as db:
-            table = sweep_table(db, self.started)
+        try:
+            with open_existing(config.run.db, field="run.db") as db:
+                table = sweep_table(db, self.started)
+        except SnapevalError as error:  # no point could open the database: each said why
+            report(error)
+            return
         if table.empty:
             return
         failed = int((table["status"] == "failed").sum())
-        print(tabulate(table, headers="keys", tablefmt="github", showindex=False, floatfmt=".3f"))
+        print(render(table))
         print(f"[sweep] {len(table)} points, {failed} failed" + (" (errors above)" if failed else ""))
 
 
@@ -80,28 +86,15 @@ def sweep_table(db: ResultsDB, since: datetime) -> pd.DataFrame:
     latest = {run["config_hash"]: run for run in db.runs_since(since)}  # a point swept twice is one row
     rows = []
     for run in latest.values():
-        cache = run["config"]["cache"]
         samples = db.samples_for(run["config_hash"])
-        summary = summary_of(samples)
+        seconds = sum(s["prefill_s"] + s["decode_s"] for s in samples) / len(samples) if samples else None
         rows.append(
             {
-                "task": run["config"]["task"]["name"],
-                "cache": ", ".join(f"{k}={v}" for k, v in cache.items() if v is not None),
-                "accuracy": summary["accuracy"],
-                "95% CI": f"[{summary['ci_low']:.3f}, {summary['ci_high']:.3f}]",
-                "n": summary["n"],
-                "KV MiB": summary["kv_mib"],
-                "s/sample": sum(s["prefill_s"] + s["decode_s"] for s in samples) / max(len(samples), 1),
-                **_traces(summary),
+                "task": task_label(run["config"]),
+                "cache": cache_label(run["config"]["cache"]),
+                **numbers({**summary_of(samples), "s_per_sample": seconds}, SWEEP_COLUMNS),
                 "status": run["status"],
                 "error": (run["error"] or "")[:80],
             }
         )
     return pd.DataFrame(rows)
-
-
-def _traces(summary: dict[str, float]) -> dict[str, str]:
-    """Trace length and truncation rate of a point's samples, formatted ('-' without traces)."""
-    if summary["trace_tokens"] != summary["trace_tokens"]:  # NaN: no sample recorded its trace
-        return {"trace tok": "-", "truncated": "-"}
-    return {"trace tok": f"{summary['trace_tokens']:.0f}", "truncated": f"{summary['truncated']:.0%}"}

@@ -1,6 +1,6 @@
-"""How one worker shares its work with others: a deterministic shard of the samples (``task.shard``),
+"""How one worker shares its work with others: a deterministic shard of the samples (``run.shard``),
 claims on samples in the results database as it goes (workers started on one point split it, and a dead
-worker's claims return after ``db.lease_s``), and SIGTERM ending a run as interrupted, not as running.
+worker's claims return after ``run.lease_s``), and SIGTERM ending a run as interrupted, not as running.
 
 Requests carry ``tag = (point, prompt, calls)`` (:mod:`snapeval.runner`); a point has ``digest``
 (its config hash), ``run_id`` and ``claimed`` (the sample ids this worker holds).
@@ -21,7 +21,7 @@ from snapeval.tasks import Prompt
 
 
 def shard(prompts: list[Prompt], spec: str | None) -> list[Prompt]:
-    """The ``i``-th of ``n`` contiguous, near-equal slices of ``prompts`` for ``task.shard`` = ``i/n``
+    """The ``i``-th of ``n`` contiguous, near-equal slices of ``prompts`` for ``run.shard`` = ``i/n``
     (all of them for null): n shards together hold every prompt once, in order."""
     if spec is None:
         return prompts

@@ -34,7 +34,7 @@ HUGE = "9" * 100_000
 def refusal(tmp_path: Path, *overrides: str) -> str:
     """The one-line error the front door gives for ``overrides`` (without ``error: ``)."""
     with pytest.raises(SnapevalError) as info:
-        check_before_hydra([f"db.url={tmp_path / 'db.sqlite'}", *overrides])
+        check_before_hydra([f"run.db={tmp_path / 'db.sqlite'}", *overrides])
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -75,12 +75,12 @@ def test_data_file_errors_come_before_the_model(tmp_path, content, expected):
 
 
 def test_a_number_too_long_for_hydras_parser(tmp_path):
-    assert refusal(tmp_path, f"task.limit={HUGE}") == "task.limit: a number of 100000 digits is out of range"
+    assert refusal(tmp_path, f"run.limit={HUGE}") == "run.limit: a number of 100000 digits is out of range"
 
 
 def test_a_database_path_too_long_for_the_file_system(tmp_path):
-    message = refusal(tmp_path, f"db.url={tmp_path / ('a' * 100_000)}")
-    assert message.startswith("db.url: cannot use ") and message.endswith("characters): File name too long")
+    message = refusal(tmp_path, f"run.db={tmp_path / ('a' * 100_000)}")
+    assert message.startswith("run.db: cannot use ") and message.endswith("characters): File name too long")
     assert len(message) < 300  # the path is shortened, not printed whole
 
 
@@ -88,12 +88,12 @@ def test_a_database_path_too_long_for_the_file_system(tmp_path):
     "override,expected",
     [
         ("seed=99999999999999999999999", "seed: must be an integer <= 9223372036854775807"),
-        ("db.lease_s=99999999999999", "db.lease_s: must be an integer <= 1000000000"),
-        ("task.limit=99999999999999999999", "task.limit: must be an integer <= 9223372036854775807"),
-        ("generation.batch_size=99999999999999999999", "generation.batch_size: must be an integer <= "),
+        ("run.lease_s=99999999999999", "run.lease_s: must be an integer <= 1000000000"),
+        ("run.limit=99999999999999999999", "run.limit: must be an integer <= 9223372036854775807"),
+        ("run.batch_size=99999999999999999999", "run.batch_size: must be an integer <= "),
         (
-            "generation.max_new_tokens=100000",
-            "generation.max_new_tokens: 100000 new tokens leave no room for a prompt in the model's window "
+            "task.max_new_tokens=100000",
+            "task.max_new_tokens: 100000 new tokens leave no room for a prompt in the model's window "
             "of 8192 (model.max_context)",
         ),
     ],
@@ -103,12 +103,12 @@ def test_out_of_range_numbers(tmp_path, override, expected):
 
 
 def test_a_huge_ruler_limit_fails_at_once_instead_of_generating(tmp_path):
-    message = refusal(tmp_path, "task.limit=1000000000000")
+    message = refusal(tmp_path, "run.limit=1000000000000")
     assert message == (
-        "task.limit: 1000000000000 samples would be generated before the first is evaluated; "
+        "run.limit: 1000000000000 samples would be generated before the first is evaluated; "
         "a generated task makes at most 100,000"
     )
-    assert refusal(tmp_path, "task.num_samples=100001").startswith("task.num_samples: 100001 samples")
+    assert refusal(tmp_path, "task.num_prompts=100001").startswith("task.num_prompts: 100001 samples")
 
 
 def test_a_sampling_seed_is_read_modulo_2_to_the_64():
@@ -139,7 +139,7 @@ def test_a_key_the_chosen_method_does_not_take(tmp_path, overrides, expected):
 
 
 def test_a_grid_takes_parameters_of_any_of_its_methods(tmp_path):
-    check_before_hydra(["+exp=smoke", "task.limit=1", f"db.url={tmp_path / 'db.sqlite'}"])  # no error
+    check_before_hydra(["+exp=smoke", "run.limit=1", f"run.db={tmp_path / 'db.sqlite'}"])  # no error
 
 
 @pytest.mark.parametrize(
@@ -152,7 +152,7 @@ def test_a_grid_takes_parameters_of_any_of_its_methods(tmp_path):
             ["cache=speculative_prefill", "cache.draft=no-such-model"],
             "cache.draft: no model 'no-such-model': give self, a model config (",
         ),
-        (["task.shard=5/8", "task.limit=2"], "task.shard: shard 5/8 of 2 sample(s) is empty"),
+        (["run.shard=5/8", "run.limit=2"], "run.shard: shard 5/8 of 2 sample(s) is empty"),
         (
             ["+protocol=livecodebench_official", "task=ruler_passkey"],
             "protocol: livecodebench_official is a protocol of task livecodebench, not of task ruler_passkey",
@@ -189,7 +189,7 @@ def test_rows_are_capped_by_the_requests_and_by_free_memory(monkeypatch):
     batch_rows.check_rows_fit(10, 40, shapes, torch.device("cpu"))  # fits
     with pytest.raises(SnapevalError) as info:
         batch_rows.check_rows_fit(100_000, 40, shapes, torch.device("cpu"))
-    assert str(info.value).startswith("generation.batch_size: 100000 rows of 40 slots take ")
+    assert str(info.value).startswith("run.batch_size: 100000 rows of 40 slots take ")
     assert str(info.value).endswith("GiB free: use at most 10")
 
 
@@ -203,7 +203,7 @@ def test_a_bad_context_length_fails_before_the_model(tmp_path, monkeypatch):
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(runner, "load_model", no_model)
-    cfg = compose_config("task.context_length=16", "task.limit=1", f"db.url={tmp_path / 'db.sqlite'}")
+    cfg = compose_config("task.context_length=16", "run.limit=1", f"run.db={tmp_path / 'db.sqlite'}")
     with pytest.raises(SnapevalError) as info:
         runner.run(cfg)
     assert str(info.value).startswith("task.context_length: context_length 16 is too small")
@@ -282,8 +282,8 @@ def test_a_later_run_of_a_point_closes_its_dead_runs_as_stale(tmp_path):
     "args,expected",
     [
         (
-            ["-m", "snapeval", f"task.limit={HUGE}"],
-            "error: task.limit: a number of 100000 digits is out of range\n",
+            ["-m", "snapeval", f"run.limit={HUGE}"],
+            "error: run.limit: a number of 100000 digits is out of range\n",
         ),
         (
             ["-m", "snapeval.figures", "--db", "EMPTY"],

@@ -24,14 +24,14 @@ def shared_data(monkeypatch):
 
 
 def run(tmp_path, *overrides):
-    return runner.run(compose_config(f"db.url={tmp_path / 'db.sqlite'}", "progress=false", *overrides))
+    return runner.run(compose_config(f"run.db={tmp_path / 'db.sqlite'}", "run.progress=false", *overrides))
 
 
 def test_longbench_v2_truncated_to_the_window_query_agnostic(smollm, tmp_path):
     [summary] = run(
         tmp_path,
         "task=longbench_v2",
-        "task.limit=1",
+        "run.limit=1",
         "model.max_context=1024",
         "task.max_new_tokens=16",
         "task.compression=query_agnostic",
@@ -51,7 +51,7 @@ def test_longbench_v2_cot_answers_from_its_reasoning_without_the_document(smollm
     [summary] = run(
         tmp_path,
         "task=longbench_v2_cot",
-        "task.limit=1",
+        "run.limit=1",
         "model.max_context=1024",
         "task.max_new_tokens=24",
         "task.answer_pass.max_new_tokens=16",
@@ -75,7 +75,7 @@ def test_longbench_v2_cot_answers_from_its_reasoning_without_the_document(smollm
 @pytest.mark.parametrize("cache", ["full", "snapstream"])
 @pytest.mark.parametrize("task", ["aime24", "longbench_v2", "livecodebench"])
 def test_each_benchmark_runs_under_full_and_snapstream(smollm, tmp_path, task, cache):
-    overrides = [f"task={task}", "task.limit=2", "task.max_new_tokens=64", f"cache={cache}"]
+    overrides = [f"task={task}", "run.limit=2", "task.max_new_tokens=64", f"cache={cache}"]
     if task == "longbench_v2":
         overrides.append("model.max_context=2048")
     [summary] = run(tmp_path, *overrides)

@@ -10,7 +10,7 @@ import pytest
 
 def snapeval(*args: str, tmp_path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "snapeval", f"db.url={tmp_path / 'db.sqlite'}", *args],
+        [sys.executable, "-m", "snapeval", f"run.db={tmp_path / 'db.sqlite'}", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -28,8 +28,8 @@ HOSTILE = [
         "error: generation.temperature: must be a number in (0, 100], got 'abc'",
     ),
     (["generation.top_p=5"], "error: generation.top_p: must be a number in (0, 1], got 5"),
-    (["task.limit=true"], "error: task.limit: must be an integer >= 1 or null, got True"),
-    (["task.limit=0"], "error: task.limit: must be an integer >= 1 or null, got 0"),
+    (["run.limit=true"], "error: run.limit: must be an integer >= 1 or null, got True"),
+    (["run.limit=0"], "error: run.limit: must be an integer >= 1 or null, got 0"),
     (["task.context_length=-5"], "error: task.context_length: must be an integer >= 16, got -5"),
     (["task.context_length=10000000"], "error: task.context_length: 10000000 tokens do not fit the model's"),
     (

@@ -326,12 +326,12 @@ def test_runner_stores_rows_from_a_saved_family_folder_equal_to_plain_transforme
 
     folder = save_family(name, tmp_path / name)
     common = [
-        f"db.url={tmp_path / 'db.sqlite'}",
-        "progress=false",
+        f"run.db={tmp_path / 'db.sqlite'}",
+        "run.progress=false",
         f"model.pretrained={folder}",
         f"model.name=random-{name}",
         "cache=snapstream",
-        "task.limit=2",
+        "run.limit=2",
         "task.context_length=512",
         "task.max_new_tokens=12",
     ]

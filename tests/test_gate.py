@@ -14,7 +14,7 @@ from snapeval.gate import Gate, judge, load_gates, main
 from snapeval.results import ResultsDB, config_hash, database_url, stored_config
 
 SHIPPED_SPEC = Path(__file__).resolve().parent.parent / "conf" / "gates" / "ci.yaml"
-TASK = ["task=ruler_passkey", "task.context_length=512", "task.limit=20"]
+TASK = ["task=ruler_passkey", "task.context_length=512", "run.limit=20"]
 CACHE = ["cache=snapstream", "cache.budget=256"]
 
 
@@ -118,7 +118,7 @@ def test_module_without_a_database_fails_in_one_line(tmp_path):
         [sys.executable, "-m", "snapeval.gate", *args], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2
-    assert result.stderr.startswith("error: no results database at") and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: --db: no results database at") and result.stderr.count("\n") == 1
 
 
 def test_shipped_spec_composes():

@@ -123,12 +123,12 @@ GRID = (
     "grid={cache: [full, streaming_llm, snapkv, snapstream],"
     " params: {budget: [192, 320], window: [8, 16], kernel: [3, 7], pooling: [max, avg], ring: 32}}"
 )
-TASK = ("task=ruler_niah_single", "task.context_length=512", "task.limit=2", "task.max_new_tokens=12")
+TASK = ("task=ruler_niah_single", "task.context_length=512", "run.limit=2", "task.max_new_tokens=12")
 COMPARED = ("output", "score", "kv_bytes", "prompt_tokens", "generated_tokens", "target")
 
 
 def composed(tmp_path, *overrides):
-    return compose_config(f"db.url={tmp_path / 'db.sqlite'}", "progress=false", *TASK, *overrides)
+    return compose_config(f"run.db={tmp_path / 'db.sqlite'}", "run.progress=false", *TASK, *overrides)
 
 
 def stored_rows(path) -> dict[tuple[str, str], dict]:

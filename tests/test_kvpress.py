@@ -133,7 +133,7 @@ def test_a_press_runs_through_the_runner_into_the_database(tmp_path):
 
     database = tmp_path / "db.sqlite"
     overrides = ["cache=kvpress", "cache.press=ExpectedAttentionPress", "cache.compression_ratio=0.5"]
-    overrides += ["task.context_length=512", "task.limit=2", f"db.url={database}", "progress=false"]
+    overrides += ["task.context_length=512", "run.limit=2", f"run.db={database}", "run.progress=false"]
     done = subprocess.run(
         [sys.executable, "-m", "snapeval", *overrides],
         cwd=tmp_path,

@@ -32,7 +32,7 @@ def snapeval(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_sweep_stores_one_row_per_point(tmp_path):
     db = tmp_path / "memory.sqlite"
-    result = snapeval("+exp=memory_sweep", f"db.url={db}", cwd=tmp_path)
+    result = snapeval("+exp=memory_sweep", f"run.db={db}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     df = load_memory(db)
     points = sorted(zip(df["context"], df["budget"], strict=True))
@@ -44,7 +44,7 @@ def test_sweep_stores_one_row_per_point(tmp_path):
 
 
 def test_rerunning_a_point_replaces_its_row(tmp_path):
-    config = compose_config("job=memory", f"db.url={tmp_path / 'memory.sqlite'}")
+    config = compose_config("job=memory", f"run.db={tmp_path / 'memory.sqlite'}")
     first = run_memory_point(config)
     stored_at = load_memory(tmp_path / "memory.sqlite").loc[0, "estimated_at"]
     assert run_memory_point(config) == first
@@ -66,14 +66,14 @@ def test_rerunning_a_point_replaces_its_row(tmp_path):
     ],
 )
 def test_bad_memory_values_name_their_key(override, field, message, tmp_path):
-    config = compose_config("job=memory", override, f"db.url={tmp_path / 'memory.sqlite'}")
+    config = compose_config("job=memory", override, f"run.db={tmp_path / 'memory.sqlite'}")
     with pytest.raises(SnapevalError, match=message) as error:
         run_memory_point(config)
     assert error.value.field == field
 
 
 def test_bad_memory_value_is_one_error_line_and_exit_2(tmp_path):
-    result = snapeval("job=memory", "memory.context=-5", f"db.url={tmp_path / 'memory.sqlite'}", cwd=tmp_path)
+    result = snapeval("job=memory", "memory.context=-5", f"run.db={tmp_path / 'memory.sqlite'}", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr == "error: memory.context: must be a positive integer, got -5\n"
 

@@ -120,7 +120,7 @@ def test_an_outside_method_runs_end_to_end_without_touching_another_file(toy_mod
     """The toy method in a temporary module, through the command line, the runner and the database."""
     database = toy_module / "db.sqlite"
     overrides = ["cache=full", f"cache.method={TOY}", "cache.budget=16", "task.context_length=256"]
-    overrides += ["task.limit=2", "task.max_new_tokens=8", f"db.url={database}", "progress=false"]
+    overrides += ["run.limit=2", "task.max_new_tokens=8", f"run.db={database}", "run.progress=false"]
     done = subprocess.run(
         [sys.executable, "-m", "snapeval", *overrides],
         cwd=toy_module,

@@ -374,10 +374,10 @@ def test_the_runner_stores_rows_of_a_saved_deepseek_v3_folder(tmp_path):
     prompt answers as the full cache does."""
     folder = save_family("deepseek_v3", tmp_path / "deepseek_v3")
     common = [
-        f"db.url={tmp_path / 'db.sqlite'}",
-        "progress=false",
+        f"run.db={tmp_path / 'db.sqlite'}",
+        "run.progress=false",
         f"model.pretrained={folder}",
-        "task.limit=2",
+        "run.limit=2",
         "task.context_length=512",
     ]
     runs = [

@@ -42,10 +42,10 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def config() -> dict:
     return {
         "model": {"name": "smollm2-135m", "dtype": "float32"},
-        "task": {"name": "niah", "limit": 3},
+        "task": {"name": "niah"},
         "cache": {"method": "snapkv", "budget": 256, "window": 32, "kernel": 7, "pooling": "max"},
         "seed": 0,
-        "db": "results/snapeval.sqlite",
+        "run": {"limit": 3, "db": "results/snapeval.sqlite"},
     }
 
 
@@ -123,7 +123,7 @@ def test_adding_a_stored_sample_again_keeps_the_first(tmp_path, config):
 def test_config_hash_ignores_where_and_how_many_but_not_what(config):
     digest = config_hash(config)
     assert len(digest) == 64
-    more = {**config, "task": {**config["task"], "limit": 10}, "db": "elsewhere", "hydra": {"job": 1}}
+    more = {**config, "run": {"limit": 10, "db": "elsewhere"}, "hydra": {"job": 1}}
     assert config_hash(more) == digest
     assert config_hash(dict(reversed(config.items()))) == digest
     assert config_hash({**config, "cache": {**config["cache"], "budget": 512}}) != digest
@@ -226,7 +226,7 @@ def test_cli_summary_and_export(tmp_path, config):
         "n": "4",
         "KV MiB": "-",  # not recorded
         "prefill s": "-",
-        "decode tok/s": "0",
+        "decode tok/s": "0.0",
     }
 
     export = cli("export", "--csv", "out/samples.csv", "--db", str(tmp_path / DEFAULT_DB), cwd=tmp_path)
@@ -240,7 +240,7 @@ def test_cli_summary_and_export(tmp_path, config):
 def test_cli_without_a_database_says_so_in_one_line(tmp_path):
     missing = cli("summary", cwd=tmp_path)
     assert missing.returncode == 2
-    assert missing.stderr == f"error: no results database at {DEFAULT_DB}; run python -m snapeval first\n"
+    assert missing.stderr == f"error: --db: no results database at {DEFAULT_DB}; run python -m snapeval first\n"
     assert not (tmp_path / DEFAULT_DB).exists()
 
 
@@ -257,7 +257,7 @@ def test_summary_never_pools_experiments_that_differ_outside_the_aliases(tmp_pat
             db.finish_run(run_id)
         again = {
             **config,
-            "task": {**config["task"], "limit": 9},
+            "run": {**config["run"], "limit": 9},
             "generation": {"do_sample": True, "temperature": 0.2},
         }
         digest = config_hash(again)
@@ -267,6 +267,6 @@ def test_summary_never_pools_experiments_that_differ_outside_the_aliases(tmp_pat
     table = summarize(load(tmp_path / DEFAULT_DB))
     assert list(table["generation.temperature"]) == [0.2, 0.6, 1.0]
     assert list(table["n"]) == [3, 2, 2] and list(table["accuracy"]) == pytest.approx([2 / 3, 0.5, 0.0])
-    assert "task.limit" not in table and "generation.do_sample" not in table  # same hash / same value
+    assert "run.limit" not in table and "generation.do_sample" not in table  # same hash / same value
     printed = cli("summary", cwd=tmp_path).stdout
     assert "generation.temperature" in printed and len(printed.strip().splitlines()) == 2 + 3

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from snapeval import runner
-from snapeval.__main__ import format_summary
 from snapeval.generation import generate
 from snapeval.models import encode_chat
 from snapeval.results import ResultsDB, load
+from snapeval.tables import run_table
 
 from .conftest import compose_config
 
@@ -23,11 +23,11 @@ def test_chat_prompt_without_extra_special_tokens_answers_paris(smollm):
 
 
 def config(tmp_path, *overrides):
-    return compose_config(f"db.url={tmp_path / 'db.sqlite'}", "progress=false", *overrides)
+    return compose_config(f"run.db={tmp_path / 'db.sqlite'}", "run.progress=false", *overrides)
 
 
 def test_passkey_run_stores_every_sample_with_provenance(smollm, tmp_path):
-    cfg = config(tmp_path, "task.limit=3", "task.context_length=512")
+    cfg = config(tmp_path, "run.limit=3", "task.context_length=512")
     [summary] = runner.run(cfg)
     assert summary.n == 3 and summary.computed == 3
     assert summary.accuracy == 1.0  # the embedded model retrieves short passkeys with the full cache
@@ -40,8 +40,8 @@ def test_passkey_run_stores_every_sample_with_provenance(smollm, tmp_path):
 
 
 def test_snapstream_with_budget_over_prompt_gives_the_full_cache_outputs(smollm, tmp_path):
-    [full] = runner.run(config(tmp_path, "task.limit=2", "task.context_length=512"))
-    [snap] = runner.run(config(tmp_path, "task.limit=2", "task.context_length=512", "cache=snapstream"))
+    [full] = runner.run(config(tmp_path, "run.limit=2", "task.context_length=512"))
+    [snap] = runner.run(config(tmp_path, "run.limit=2", "task.context_length=512", "cache=snapstream"))
     assert full.config_hash != snap.config_hash
     with ResultsDB(tmp_path / "db.sqlite") as db:
         outputs = [{r["sample_id"]: r["output"] for r in db.samples_for(s.config_hash)} for s in (full, snap)]
@@ -61,14 +61,14 @@ def test_rerun_computes_only_missing_samples_and_survives_interruption(smollm, t
 
     monkeypatch.setattr(runner, "_store", interrupted_after_one)
     with pytest.raises(KeyboardInterrupt):
-        runner.run(config(tmp_path, "task.limit=3", *overrides))
+        runner.run(config(tmp_path, "run.limit=3", *overrides))
     monkeypatch.setattr(runner, "_store", real_store)
     frame = load(tmp_path / "db.sqlite")
     assert len(frame) == 1 and frame["status"].iloc[0] == "interrupted"
 
-    [resumed] = runner.run(config(tmp_path, "task.limit=3", *overrides))
+    [resumed] = runner.run(config(tmp_path, "run.limit=3", *overrides))
     assert (resumed.n, resumed.computed) == (3, 2)
-    [extended] = runner.run(config(tmp_path, "task.limit=4", *overrides))
+    [extended] = runner.run(config(tmp_path, "run.limit=4", *overrides))
     assert (extended.n, extended.computed) == (4, 1)
     assert load(tmp_path / "db.sqlite")["sample_id"].nunique() == 4
 
@@ -76,7 +76,7 @@ def test_rerun_computes_only_missing_samples_and_survives_interruption(smollm, t
 def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path):
     cfg = config(
         tmp_path,
-        "task.limit=2",
+        "run.limit=2",
         "task.context_length=256",
         "generation.num_samples=5",
         "generation.do_sample=true",
@@ -89,7 +89,7 @@ def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path
     assert {extra["draw"] for extra in frame["extra"]} == set(range(5))
     correct = frame.groupby(frame["sample_id"].str.split("#").str[0])["score"].sum()
     assert summary.pass_at == {"pass@5": pytest.approx(sum(c > 0 for c in correct) / 2)}  # n = k: any pass
-    assert "pass@5" in format_summary([summary])
+    assert "pass@5" in run_table([summary])
     for extra, generated in zip(frame["extra"], frame["generated_tokens"], strict=True):
         trace = extra["trace"]
         assert trace["generated_tokens"] == generated <= 8
@@ -99,11 +99,11 @@ def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path
 
 def test_sampled_draws_in_rows_equal_draws_decoded_one_at_a_time(smollm, tmp_path):
     """Rows of the continuous batcher (3 draws sharing a prefill, a ring that wraps) == batch size 1."""
-    draws = ("task.limit=2", "task.context_length=256", "task.max_new_tokens=40", "generation.num_samples=3")
+    draws = ("run.limit=2", "task.context_length=256", "task.max_new_tokens=40", "generation.num_samples=3")
     sampled = ("generation.do_sample=true", "generation.temperature=0.8")
     sampled += ("cache=snapstream", "cache.budget=128", "cache.ring=16")
-    [together] = runner.run(config(tmp_path / "a", *draws, *sampled, "generation.batch_size=4"))
-    [one_by_one] = runner.run(config(tmp_path / "b", *draws, *sampled, "generation.batch_size=1"))
+    [together] = runner.run(config(tmp_path / "a", *draws, *sampled, "run.batch_size=4"))
+    [one_by_one] = runner.run(config(tmp_path / "b", *draws, *sampled, "run.batch_size=1"))
     assert together.config_hash == one_by_one.config_hash  # batch_size changes how, not what
     a, b = (load(path / "db.sqlite").sort_values("sample_id") for path in (tmp_path / "a", tmp_path / "b"))
     assert list(a["output"]) == list(b["output"])
@@ -114,10 +114,10 @@ def test_sampled_draws_in_rows_equal_draws_decoded_one_at_a_time(smollm, tmp_pat
 
 
 def test_prompts_in_rows_equal_prompts_decoded_one_by_one(smollm, tmp_path):
-    setting = ("task.limit=3", "task.context_length=384", "task.max_new_tokens=12")
+    setting = ("run.limit=3", "task.context_length=384", "task.max_new_tokens=12")
     setting += ("cache=snapstream", "cache.budget=128", "cache.window=8")
-    [batched] = runner.run(config(tmp_path / "a", *setting, "generation.batch_size=2"))
-    [one_by_one] = runner.run(config(tmp_path / "b", *setting, "generation.batch_size=1"))
+    [batched] = runner.run(config(tmp_path / "a", *setting, "run.batch_size=2"))
+    [one_by_one] = runner.run(config(tmp_path / "b", *setting, "run.batch_size=1"))
     assert batched.config_hash == one_by_one.config_hash
     a, b = (load(path / "db.sqlite").sort_values("sample_id") for path in (tmp_path / "a", tmp_path / "b"))
     assert list(a["output"]) == list(b["output"])
@@ -133,7 +133,7 @@ def test_runner_answers_equal_the_plain_one_by_one_generator(smollm, tmp_path):
     from snapeval.cache import FullCache
     from snapeval.tasks import load_task
 
-    cfg = config(tmp_path, "task.limit=2", "task.context_length=256", "task.max_new_tokens=24")
+    cfg = config(tmp_path, "run.limit=2", "task.context_length=256", "task.max_new_tokens=24")
     runner.run(cfg)
     prompts = load_task(cfg["task"], cfg["seed"]).prompts(smollm.tokenizer)[:2]
     stored = load(tmp_path / "db.sqlite").sort_values("sample_id")

@@ -125,12 +125,12 @@ def test_the_runner_stores_the_share_kept_and_the_prefill_seconds_with_the_draft
     from .conftest import compose_config
 
     cfg = compose_config(
-        f"db.url={tmp_path / 'db.sqlite'}",
-        "progress=false",
+        f"run.db={tmp_path / 'db.sqlite'}",
+        "run.progress=false",
         "cache=speculative_prefill",
         "cache.budget=128",
         "task.context_length=512",
-        "task.limit=2",
+        "run.limit=2",
     )
     [summary] = runner.run(cfg)
     samples = load(tmp_path / "db.sqlite")

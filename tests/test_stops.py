@@ -43,8 +43,8 @@ def answer(tiny_model: Path, tmp_path: Path, stop: list[str], *overrides: str) -
         "model.name=tiny-llama",
         f"task.metadata.data_path={data}",
         "task.max_new_tokens=48",
-        f"db.url={tmp_path / 'db.sqlite'}",
-        "progress=false",
+        f"run.db={tmp_path / 'db.sqlite'}",
+        "run.progress=false",
     )
     cfg["task"]["stop"] = stop
     runner.run(cfg)

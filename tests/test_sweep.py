@@ -21,7 +21,7 @@ from .conftest import compose_config, composed_sweep
 
 def test_failing_point_is_recorded_with_its_error(tmp_path):
     since = datetime.now(timezone.utc)
-    cfg = compose_config(f"db.url={tmp_path / 'db.sqlite'}", "cache=snapstream", "cache.budget=50")
+    cfg = compose_config(f"run.db={tmp_path / 'db.sqlite'}", "cache=snapstream", "cache.budget=50")
     with pytest.raises(SnapevalError):
         runner.run(cfg)
     with ResultsDB(tmp_path / "db.sqlite") as db:
@@ -38,8 +38,8 @@ def test_fidelity_counts_the_common_token_prefix(smollm):
 
 
 def snapeval_cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snapeval", *overrides, "task.limit=1", "task.context_length=256"]
-    command += ["progress=false", f"db.url={tmp_path / 'db.sqlite'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    command = [sys.executable, "-m", "snapeval", *overrides, "run.limit=1", "task.context_length=256"]
+    command += ["run.progress=false", f"run.db={tmp_path / 'db.sqlite'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
@@ -73,7 +73,7 @@ def test_sweep_size_combines_the_sweeper_params_and_the_command_line():
                     "_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
                     "params": {"cache": "full,snapstream", "cache.budget": "128,256,512", "seed": "0"},
                 },
-                "overrides": {"task": ["cache.budget=64,128", "seed=range(0,3)", "task.limit=2"]},
+                "overrides": {"task": ["cache.budget=64,128", "seed=range(0,3)", "run.limit=2"]},
             }
         }
     )

@@ -176,7 +176,7 @@ def test_context_too_small_for_needles_and_question(tokenizer):
 def test_num_samples_must_be_positive(tokenizer, num_samples):
     with pytest.raises(SnapevalError, match="positive") as info:
         generate("passkey", tokenizer, 1024, num_samples, 0)
-    assert info.value.field == "task.num_samples"
+    assert info.value.field == "task.num_prompts"
 
 
 def test_to_docs_gives_plain_dicts(samples):

@@ -98,8 +98,8 @@ def test_runs_stored_before_the_registry_resume_after_migrate(smollm, tmp_path: 
     assert before["task.family"].eq("synthetic").all()
     assert results_cli(["migrate", "--db", str(db)]) == 0
     assert results_cli(["migrate", "--db", str(db)]) == 0  # idempotent
-    overrides = ("task.limit=3", "task.context_length=256", "task.max_new_tokens=8", "progress=false")
-    [summary] = runner.run(compose_config(*overrides, f"db.url={db}"))
+    overrides = ("run.limit=3", "task.context_length=256", "task.max_new_tokens=8", "run.progress=false")
+    [summary] = runner.run(compose_config(*overrides, f"run.db={db}"))
     assert (summary.n, summary.computed) == (3, 0)
     after = load(db)
     assert "task.family" not in after.columns

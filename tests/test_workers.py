@@ -22,7 +22,7 @@ from snapeval.workers import shard
 
 #: A small point of the embedded model: 128-token passkey prompts, one row at a time so that samples
 #: are claimed one by one.
-SMALL = ("task=ruler_passkey", "task.context_length=128", "generation.batch_size=1", "progress=false")
+SMALL = ("task=ruler_passkey", "task.context_length=128", "run.batch_size=1", "run.progress=false")
 
 
 @pytest.fixture(scope="module")
@@ -135,25 +135,25 @@ BAD_DATABASES = {
 
 
 @pytest.mark.parametrize("case", BAD_DATABASES)
-def test_a_database_that_cannot_be_used_is_one_line_naming_db_url(case, tmp_path, torch_refused):
+def test_a_database_that_cannot_be_used_is_one_line_naming_run_db(case, tmp_path, torch_refused):
     (tmp_path / "corrupt.sqlite").write_text("not a database\n" * 100)
     ResultsDB(tmp_path / "ro.sqlite").close()  # a real database, opened read-only by its URL
     url, message = BAD_DATABASES[case]
     result = subprocess.run(  # before torch loads: CONNECT_TIMEOUT_S bounds a silent server
-        [sys.executable, "-m", "snapeval", "db.url=" + url.format(tmp=tmp_path), "task.limit=1"],
+        [sys.executable, "-m", "snapeval", "run.db=" + url.format(tmp=tmp_path), "run.limit=1"],
         capture_output=True,
         text=True,
         timeout=60,
         env=torch_refused,
     )
     assert result.returncode == 2
-    assert result.stderr.startswith("error: db.url: ") and message in result.stderr, result.stderr
+    assert result.stderr.startswith("error: run.db: ") and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
 def start_worker(path: Path, *overrides: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "snapeval", f"db.url={path}", *SMALL, *overrides],
+        [sys.executable, "-m", "snapeval", f"run.db={path}", *SMALL, *overrides],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -174,7 +174,7 @@ def wait_for(path: Path, count: int, process: subprocess.Popen, timeout: float =
 @pytest.mark.slow
 def test_sigterm_ends_the_run_as_interrupted_and_keeps_its_samples(tmp_path):
     path = tmp_path / "db.sqlite"
-    worker = start_worker(path, "task.limit=20")
+    worker = start_worker(path, "run.limit=20")
     wait_for(path, 1, worker)
     worker.send_signal(signal.SIGTERM)
     _, err = worker.communicate(timeout=60)
@@ -189,12 +189,12 @@ def test_sigterm_ends_the_run_as_interrupted_and_keeps_its_samples(tmp_path):
 def test_sigkill_at_random_moments_then_resume_stores_each_sample_once(tmp_path):
     path, limit, chance = tmp_path / "db.sqlite", 12, random.Random(int(os.environ.get("SNAPEVAL_SEED", 0)))
     for _ in range(3):
-        worker = start_worker(path, f"task.limit={limit}")
+        worker = start_worker(path, f"run.limit={limit}")
         wait_for(path, len(stored(path)) + chance.randint(1, 2), worker)  # its run has started
         time.sleep(chance.uniform(0, 1))  # then anywhere: prefilling, decoding, scoring, committing
         worker.kill()
         worker.wait()
-    resumed = start_worker(path, f"task.limit={limit}")
+    resumed = start_worker(path, f"run.limit={limit}")
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     rows = stored(path)
@@ -208,7 +208,7 @@ def test_sigkill_at_random_moments_then_resume_stores_each_sample_once(tmp_path)
 @pytest.mark.slow
 def test_four_workers_on_one_sqlite_point_split_it_without_locks_or_duplicates(tmp_path):
     path, limit = tmp_path / "db.sqlite", 8
-    workers = [start_worker(path, f"task.limit={limit}") for _ in range(4)]
+    workers = [start_worker(path, f"run.limit={limit}") for _ in range(4)]
     errors = [worker.communicate(timeout=600)[1] for worker in workers]
     assert [worker.returncode for worker in workers] == [0] * 4, errors
     assert not any("locked" in err for err in errors)
@@ -220,9 +220,9 @@ def test_four_workers_on_one_sqlite_point_split_it_without_locks_or_duplicates(t
 @pytest.mark.slow
 def test_sharded_sweep_with_the_joblib_launcher_on_postgresql_then_resume(postgres_url, tmp_path):
     sweep = [
-        sys.executable, "-m", "snapeval", "-m", *SMALL, "task.limit=4", "task.shard=0/2,1/2",
+        sys.executable, "-m", "snapeval", "-m", *SMALL, "run.limit=4", "run.shard=0/2,1/2",
         "cache=full,snapstream", "cache.budget=112", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4",
-        f'db.url="{postgres_url}"',
+        f'run.db="{postgres_url}"',
     ]  # fmt: skip
     first = subprocess.run(sweep, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert (

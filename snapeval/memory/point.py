@@ -20,10 +20,10 @@ REQUIRED = ("model", "hardware", "context")
 
 
 def run_memory_point(config: dict) -> str:
-    """Estimate the memory of ``config["memory"]``, store it at ``config["db"]["url"]``, return its tables."""
+    """Estimate the memory of ``config["memory"]``, store it at ``config["run"]["db"]``, return its tables."""
     memory = config["memory"]
     result = estimate_memory(memory)
-    with ResultsDB(config["db"]["url"]) as db:
+    with ResultsDB(config["run"]["db"]) as db:
         db.add_memory_estimate(memory, result.as_row())
     return render(result)
 

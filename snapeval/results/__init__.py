@@ -11,7 +11,7 @@ Several workers share one database: each claims the samples it evaluates (claims
 dies), so workers on one point split its samples, and a run whose worker is gone shows as ``stale``.
 
 The package is split by concern: :mod:`~snapeval.results.schema` (tables),
-:mod:`~snapeval.results.connect` (URLs, opening, errors on ``db.url``),
+:mod:`~snapeval.results.connect` (URLs, opening, errors on ``run.db``),
 :mod:`~snapeval.results.identity` (stored config, config hash, provenance),
 :mod:`~snapeval.results.store` (writes, claims, resume, loading),
 :mod:`~snapeval.results.leases` (heartbeats, stale runs) and

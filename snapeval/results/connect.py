@@ -1,5 +1,5 @@
 """Opening the results database: the URL a user gives, the engine, its schema, and one clear line
-(naming ``db.url``) for every way opening can fail.
+(naming ``run.db``) for every way opening can fail.
 
 SQLite runs in WAL mode with a busy timeout, so that several local workers (a Hydra multirun with the
 joblib launcher) write to one file at once. ``postgresql://`` URLs use psycopg 3, shipped with
@@ -26,7 +26,7 @@ DB_ENV_VAR = "SNAPEVAL_DB"
 BUSY_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 10
 SUPPORTED_DIALECTS = ("sqlite", "postgresql")
-FIELD = "db.url"
+FIELD = "run.db"
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
 SCHEMA_LOCK = 0x5EA1  # the PostgreSQL advisory lock under which workers create or upgrade the schema
 
@@ -60,7 +60,7 @@ def open_engine(url: str, *, must_exist: bool = False, writable: bool = True, fi
         raise SnapevalError(f"not a database URL or path: {url!r}", field) from None
     if parsed.get_backend_name() not in SUPPORTED_DIALECTS:
         raise SnapevalError(
-            f"unsupported database {parsed.get_backend_name()!r}; use a SQLite path or postgresql://", FIELD
+            f"unsupported database {parsed.get_backend_name()!r}; use a SQLite path or postgresql://", field
         )
     path = sqlite_path(url)
     try:
@@ -78,7 +78,7 @@ def open_engine(url: str, *, must_exist: bool = False, writable: bool = True, fi
                 conn.execute(delete(memory_estimates).where(false()))
     except ModuleNotFoundError as exc:
         raise SnapevalError(
-            f'the {exc.name} driver is not installed: pip install "snapeval[cluster]"', FIELD
+            f'the {exc.name} driver is not installed: pip install "snapeval[cluster]"', field
         ) from None
     except NoSuchModuleError as exc:
         raise SnapevalError(f"unknown database driver ({exc})", field) from None
@@ -93,7 +93,7 @@ def _check_file(path: Path, must_exist: bool, writable: bool, field: str) -> Non
     if path.is_dir():
         raise SnapevalError(f"{_short(path)} is a directory, not a database file", field)
     if must_exist and not path.is_file():
-        raise SnapevalError(f"no results database at {_short(path)}; run python -m snapeval first")
+        raise SnapevalError(f"no results database at {_short(path)}; run python -m snapeval first", field)
     if not writable and path.is_file():
         with path.open("rb") as file:
             if file.read(len(SQLITE_HEADER)) != SQLITE_HEADER:

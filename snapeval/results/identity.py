@@ -17,7 +17,10 @@ from snapeval.protocols import changed_settings
 
 #: Top-level config keys never stored with a result: where results go, Hydra's and the memory
 #: estimator's settings, which job ran, and the grid (each of its points is stored as its own config).
-NOT_STORED: tuple[str, ...] = ("db", "hydra", "memory", "job", "grid")
+NOT_STORED: tuple[str, ...] = ("hydra", "memory", "job", "grid")
+
+#: Run settings never stored: where results go and how long a worker's claims last.
+RUN_NOT_STORED: tuple[str, ...] = ("db", "lease_s")
 
 #: The random number generator of sampled answers (:mod:`snapeval.sampling`), stored with sampled runs.
 SAMPLER = "counter-hash-v1"
@@ -31,15 +34,11 @@ SAMPLER = "counter-hash-v1"
 #: it sets (LiveCodeBench). ``model.hub_id`` names the config a model was converted from, read only by
 #: the memory estimator.
 DEFAULT_IGNORED: tuple[str, ...] = (
-    "db",
+    "run",
     "hydra",
-    "progress",
     "memory",
-    "task.limit",
-    "task.shard",
+    "task.num_prompts",
     "generation.draw_batch",
-    "generation.batch_size",
-    "generation.compile",
     "model.prompt_style",
     "model.hub_id",
 )
@@ -75,6 +74,8 @@ def stored_config(cfg: Mapping[str, Any], cache_params: Mapping[str, Any]) -> di
     and under a protocol preset the preset's settings it changes (``protocol.changed``).
     """
     stored = {key: value for key, value in cfg.items() if key not in NOT_STORED}
+    if "run" in stored:
+        stored["run"] = {key: value for key, value in stored["run"].items() if key not in RUN_NOT_STORED}
     stored["cache"] = dict(cache_params)
     if cfg.get("protocol"):  # the preset's settings changed after it, by name, beside its deviations
         stored["protocol"] = {**cfg["protocol"], "changed": changed_settings(cfg)}

@@ -1,7 +1,7 @@
 """Workers that may die: a running run's heartbeat, and how to tell a run whose worker is gone.
 
 While a worker evaluates, a :class:`Lease` thread renews its runs' ``expires_at`` and its claims on
-samples every quarter of ``db.lease_s``. A worker killed (SIGKILL, a lost node) stops renewing: its
+samples every quarter of ``run.lease_s``. A worker killed (SIGKILL, a lost node) stops renewing: its
 claims expire and return to the other workers, and its run shows as ``stale`` in ``results summary``.
 On the worker's own host a dead process is recognised at once, without waiting for the expiry.
 """

@@ -38,7 +38,7 @@ class ResultsDB:
         *,
         must_exist: bool = False,
         writable: bool = True,
-        field: str = "db.url",
+        field: str = "run.db",
     ):
         """Open (and create, unless ``must_exist``) the database at ``url`` (see :func:`database_url`),
         proven writable unless ``writable`` is false; a failure is a :class:`SnapevalError` on ``field``."""
@@ -154,7 +154,7 @@ class ResultsDB:
         return [
             {
                 **{k: v for k, v in run.items() if k != "config"},
-                "shard": (run["config"].get("task") or {}).get("shard"),
+                "shard": (run["config"].get("run") or {}).get("shard"),
                 "status": run_state(run, now),
             }
             for run in stored
@@ -268,7 +268,7 @@ def _sample_columns(sample: Mapping[str, Any]) -> dict[str, Any]:
     return {**columns, **{f"metric.{name}": value for name, value in metrics.items()}}
 
 
-def load(url_or_path: str | os.PathLike[str] | None = None, field: str = "db.url") -> pd.DataFrame:
+def load(url_or_path: str | os.PathLike[str] | None = None, field: str = "run.db") -> pd.DataFrame:
     """All samples of an existing database as a DataFrame (see :meth:`ResultsDB.dataframe`); a database
     that cannot be read is an error on ``field``."""
     with ResultsDB(url_or_path, must_exist=True, writable=False, field=field) as db:

@@ -49,6 +49,7 @@ def task_class(name: str) -> type[Task]:
     )
 
 
-def load_task(cfg: Mapping[str, Any], seed: int) -> Task:
-    """The task of the ``task`` config group, built from its config."""
-    return task_class(cfg["name"])(cfg, seed)
+def load_task(cfg: Mapping[str, Any], seed: int, limit: int | None = None) -> Task:
+    """The task of the ``task`` config group, built from its config, serving its first ``limit`` samples
+    (``run.limit``; None: all)."""
+    return task_class(cfg["name"])(cfg, seed, limit)

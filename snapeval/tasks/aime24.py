@@ -56,8 +56,8 @@ class Aime24(Task):
     options = {"answer_from": ("response", "after_reasoning")}
     id_field = "id"
 
-    def __init__(self, cfg, seed: int = 0) -> None:
-        super().__init__(cfg, seed)
+    def __init__(self, cfg, seed: int = 0, limit: int | None = None) -> None:
+        super().__init__(cfg, seed, limit)
         self.scorer: str = cfg.get("scorer") or next(iter(SCORERS))
         if self.scorer not in SCORERS:
             message = f"unknown scorer {self.scorer!r}; choose one of {', '.join(SCORERS)}"

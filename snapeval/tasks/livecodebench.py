@@ -326,8 +326,8 @@ class LiveCodeBench(Task):
     system_message = SYSTEM_MESSAGE
     id_field = "question_id"
 
-    def __init__(self, cfg: Mapping[str, Any], seed: int = 0) -> None:
-        super().__init__(cfg, seed)
+    def __init__(self, cfg: Mapping[str, Any], seed: int = 0, limit: int | None = None) -> None:
+        super().__init__(cfg, seed, limit)
         self.prompt_style: str = cfg.get("prompt_style") or next(iter(STYLES))
         if self.prompt_style not in STYLES:
             message = f"unknown prompt style {self.prompt_style!r}; choose one of {', '.join(STYLES)}"

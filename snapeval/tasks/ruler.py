@@ -38,7 +38,7 @@ ScoreMode = Literal["all", "part"]
 
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 VT_HOPS = 4
-MAX_SAMPLES = 100_000  # samples a task generates (``num_samples``, raised to ``limit``), all up front
+MAX_SAMPLES = 100_000  # samples a task generates (``num_prompts``, raised to ``limit``), all up front
 MULTI_NEEDLES = 4
 
 # fmt: off
@@ -234,7 +234,7 @@ def generate(
     """
     _check_kind(kind)
     if num_samples <= 0:
-        raise SnapevalError(f"num_samples must be positive, got {num_samples}", "task.num_samples")
+        raise SnapevalError(f"must be positive, got {num_samples}", "task.num_prompts")
     return [_sample(kind, tokenizer, context_length, seed, i) for i in range(num_samples)]
 
 
@@ -268,18 +268,18 @@ def to_docs(samples: Sequence[SyntheticSample]) -> list[dict[str, Any]]:
 
 class Ruler(Task):
     """The RULER-style tasks, one config per kind (``conf/task/ruler_<kind>.yaml``): ``kind``,
-    ``context_length`` (tokens of the chat-templated prompt), ``num_samples`` (raised to ``limit``)."""
+    ``context_length`` (tokens of the chat-templated prompt), ``num_prompts`` (raised to ``run.limit``)."""
 
     names = tuple(f"ruler_{kind}" for kind in KINDS)
     metrics = ("score",)
     id_field = "id"
     needs_tokenizer = True
 
-    def __init__(self, cfg: Mapping[str, Any], seed: int = 0) -> None:
-        super().__init__(cfg, seed)
-        self.num_samples: int = max(cfg["num_samples"], cfg.get("limit") or 0)
+    def __init__(self, cfg: Mapping[str, Any], seed: int = 0, limit: int | None = None) -> None:
+        super().__init__(cfg, seed, limit)
+        self.num_samples: int = max(cfg["num_prompts"], limit or 0)
         if self.num_samples > MAX_SAMPLES:
-            field = "task.limit" if (cfg.get("limit") or 0) > cfg["num_samples"] else "task.num_samples"
+            field = "run.limit" if (limit or 0) > cfg["num_prompts"] else "task.num_prompts"
             raise SnapevalError(
                 f"{self.num_samples} samples would be generated before the first is evaluated; "
                 f"a generated task makes at most {MAX_SAMPLES:,}",
