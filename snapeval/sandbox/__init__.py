@@ -14,18 +14,15 @@ the program also runs
 * as a uid of its own when the harness runs as root, so that its process limit is its own (the
   kernel exempts root from it, and counts it per uid).
 
-Modules: :mod:`~snapeval.sandbox.execution` (one run), :mod:`~snapeval.sandbox.probe` (which
-isolation works here), :mod:`~snapeval.sandbox.cgroups` (a memory cap for all of a run's processes),
-:mod:`~snapeval.sandbox.processes` (waiting and killing).
+Modules: :mod:`~snapeval.sandbox.limits` (what a run may use), :mod:`~snapeval.sandbox.probe` (which
+isolation works here), :mod:`~snapeval.sandbox.execution` (one run: its folder, launch and result),
+:mod:`~snapeval.sandbox.processes` (waiting and killing), :mod:`~snapeval.sandbox.cgroups` (a memory
+cap for all of a run's processes), :mod:`~snapeval.sandbox.layout` (the paths of its root) and
+:mod:`~snapeval.sandbox.bootstrap` (the script that builds that root and confines the program).
 """
 
-from snapeval.sandbox.execution import (
-    DEFAULT_LIMITS,
-    ExecutionResult,
-    Isolation,
-    SandboxLimits,
-    execute,
-)
+from snapeval.sandbox.execution import ExecutionResult, Isolation, execute
+from snapeval.sandbox.limits import DEFAULT_LIMITS, SandboxLimits
 from snapeval.sandbox.probe import UNSAFE_ENV, isolation
 
 __all__ = [

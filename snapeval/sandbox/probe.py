@@ -10,7 +10,8 @@ import sys
 from collections.abc import Iterator
 
 from snapeval.errors import SnapevalError
-from snapeval.sandbox.execution import DEFAULT_LIMITS, Isolation, LauncherFailed, execute
+from snapeval.sandbox.execution import Isolation, LauncherFailed, execute
+from snapeval.sandbox.limits import DEFAULT_LIMITS
 
 UNSAFE_ENV = "SNAPEVAL_UNSAFE_SANDBOX"
 """Set to 1 to run model-written code where no namespace isolation is available (unsafe)."""
