@@ -134,7 +134,7 @@ def test_cli_writes_every_figure_it_has_data_for(tmp_path, capsys):
 def test_cli_without_a_database_fails_in_one_line(tmp_path, capsys):
     assert main(["--db", str(tmp_path / "missing.sqlite"), "--out", str(tmp_path / "out")]) == 2
     captured = capsys.readouterr()
-    assert captured.err.startswith("error: no results database at") and captured.err.count("\n") == 1
+    assert captured.err.startswith("error: --db: no results database at") and captured.err.count("\n") == 1
     assert not (tmp_path / "out").exists()
 
 

@@ -1,0 +1,113 @@
+"""How figures look: paper rc settings, one colour, marker and dash pattern per method, and labels."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import TypeVar
+
+import numpy as np
+import pandas as pd
+
+from snapeval.results import ALIASES
+
+#: Matplotlib settings of every figure: small serif text for a two-column paper, embeddable fonts.
+PAPER_RC: dict[str, object] = {
+    "font.family": "serif",
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "legend.fontsize": 7,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.linewidth": 0.4,
+    "grid.alpha": 0.4,
+    "lines.linewidth": 1.2,
+    "lines.markersize": 3.5,
+    "errorbar.capsize": 1.5,
+    "legend.frameon": False,
+    "savefig.dpi": 300,
+    "savefig.bbox": "tight",
+    "savefig.pad_inches": 0.02,
+    "pdf.fonttype": 42,
+    "ps.fonttype": 42,
+}
+
+#: Okabe-Ito colours, distinguishable with colour-blindness: one per method of the registry, in its order.
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
+#: A marker and a dash pattern per method, in the registry's order like the colours: two methods whose
+#: points coincide still show both (a marker inside the other, a line through the other's gaps).
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+DASHES = (
+    "-",
+    (0, (1, 1)),
+    (0, (5, 2)),
+    (0, (3, 1, 1, 1)),
+    (0, (6, 1.5, 1, 1.5, 1, 1.5)),
+    (0, (2, 2)),
+    (0, (8, 2)),
+)
+FULL_CACHE = {"color": "#000000", "marker": "o", "linestyle": "--"}
+#: Opacity of a confidence band.
+CI_ALPHA = 0.18
+
+T = TypeVar("T")
+
+
+def method_label(method: str) -> str:
+    """The name of a method in figures: its class's ``label`` (:mod:`snapeval.cache.registry`)."""
+    from snapeval.cache.registry import method_label as registry_label  # torch loads only to draw
+
+    return registry_label(method)
+
+
+def method_color(method: str) -> str:
+    """A fixed colour per method, the same in every figure: black for the full cache, then the palette in
+    the registry's order (a method outside it: one of the colours left, picked from its name)."""
+    return method_style(method)["color"]
+
+
+def method_style(method: str) -> dict[str, object]:
+    """``color``, ``marker`` and ``linestyle`` of ``method``, the same in every figure; no two methods of
+    the registry share any of the three."""
+    if method == "full":
+        return dict(FULL_CACHE)
+    return {
+        "color": _pick(PALETTE, method),
+        "marker": _pick(MARKERS, method),
+        "linestyle": _pick(DASHES, method),
+    }
+
+
+def _pick(options: Sequence[T], method: str) -> T:
+    """The option at ``method``'s place among the registry's compressing methods; a method outside it
+    gets one of the options left, picked from its name."""
+    from snapeval.cache.registry import method_classes
+
+    compressing = [name for name in method_classes() if name != "full"]
+    if method in compressing:
+        return options[compressing.index(method) % len(options)]
+    unused = options[len(compressing) :] or options
+    return unused[zlib.crc32(method.encode()) % len(unused)]
+
+
+def format_value(value: object) -> str:
+    """A config value for a title; a key one experiment lacks reads ``-``."""
+    if isinstance(value, float):
+        return "-" if np.isnan(value) else f"{value:g}"
+    return str(value)
+
+
+def short_name(column: str) -> str:
+    """A config column in a title: its alias (:data:`snapeval.results.ALIASES`), else its last part."""
+    aliases = {path: alias for alias, path in ALIASES.items()}
+    return aliases.get(column, column.rsplit(".", 1)[-1])
+
+
+def setting_label(setting: pd.Series) -> str:
+    """``SnapKV 256``: the method of a cache setting, and its budget if it has one."""
+    budget = setting.get("cache.budget")
+    return method_label(setting["cache.method"]) + (f" {format_value(budget)}" if pd.notna(budget) else "")
