@@ -37,7 +37,7 @@ from engine import SPEC, available_cores, cpu_model
 from tabulate import tabulate
 
 from snapeval.cache import install
-from snapeval.config import compose_config
+from snapeval.configs.compose import compose_config
 from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.models import load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window

@@ -35,7 +35,7 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from snapeval.cache import build_cache, install
-from snapeval.config import compose_config
+from snapeval.configs.compose import compose_config
 from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.generation import generate
 from snapeval.models import load_model, load_tokenizer

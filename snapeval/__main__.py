@@ -3,7 +3,7 @@ print its table (:func:`snapeval.tables.run_table`).
 
 A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``), or a database that
 cannot be used (``run.db``), is refused in one line with exit code 2 before torch and transformers load
-(:mod:`snapeval.schema`); cache parameters, data files, shards and drafts next, before any model loads
+(:mod:`snapeval.configs.check`); cache parameters, data files, shards and drafts next, before any model loads
 (:mod:`snapeval.preflight`). Ctrl-C or SIGTERM ends the run as ``interrupted`` (exit 130 or 143).
 """
 
@@ -14,18 +14,19 @@ import sys
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from snapeval import schema
 from snapeval.cli import report
-from snapeval.config import compose_config, named_after_weights
+from snapeval.configs import legacy
+from snapeval.configs.check import check_choices, validate
+from snapeval.configs.compose import plain
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
-    config = named_after_weights(OmegaConf.to_container(cfg, resolve=True))
+    config = plain(cfg)
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:  # the schema was checked before Hydra started (check_before_hydra), and the runner checks again
         if config["job"] == "memory":
@@ -59,10 +60,10 @@ def main(cfg: DictConfig) -> None:
 def check_before_hydra(overrides: list[str]) -> None:
     """Compose and check a single run's config before Hydra starts it (and makes its output folder); a
     sweep (``-m``) or Hydra flags go straight to Hydra, whose runner records each bad point as failed."""
-    schema.check_choices(overrides)
-    if not any(o.startswith(("-", "hydra")) for o in overrides):
-        config = compose_config(*overrides)
-        schema.check(config)
+    if any(o.startswith(("-", "hydra")) for o in overrides):
+        check_choices(overrides)
+    else:
+        config = validate(overrides)
         from snapeval.results import ResultsDB  # the database opens (or fails on run.db) in a second
 
         ResultsDB(config["run"]["db"]).close()
@@ -73,6 +74,7 @@ def check_before_hydra(overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = legacy.rewrite(sys.argv[1:])  # old spellings (task.limit=2), each with a note
     try:
         check_before_hydra(sys.argv[1:])
     except SnapevalError as exc:

@@ -33,7 +33,7 @@ import yaml
 
 from snapeval.cache import effective_params
 from snapeval.cli import DB_OPTION, add_db_option, one_line_errors, open_existing
-from snapeval.config import compose_config
+from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.results import ResultsDB, config_hash, database_url, stored_config
 from snapeval.runner import run

@@ -3,7 +3,7 @@ the cache's parameters (or the grid's), the task and its data file, the samples 
 draft models a cache names.
 
 :func:`check_inputs` is called by the front door (``python -m snapeval``) once the schema
-(:mod:`snapeval.schema`) has passed; the runner calls the same checks before it loads the model.
+(:mod:`snapeval.configs.check`) has passed; the runner calls the same checks before it loads the model.
 """
 
 from __future__ import annotations

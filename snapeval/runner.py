@@ -18,9 +18,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from snapeval import protocols, schema
+from snapeval import protocols
 from snapeval.batch_rows import usable_rows
 from snapeval.cache import effective_params, install
+from snapeval.configs.check import check
 from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
 from snapeval.errors import SnapevalError
 from snapeval.grid import check_grid, grid_points, shares_prefill
@@ -58,8 +59,8 @@ class RunSummary:
 
 def check_config(cfg: Mapping[str, Any]) -> None:
     """Reject impossible values before any model work, one field at a time: the schema's checks
-    (:mod:`snapeval.schema`), then those that need the engine."""
-    schema.check(cfg)
+    (:mod:`snapeval.configs.check`), then those that need the engine."""
+    check(cfg)
     task = cfg["task"]
     if task["name"] == "livecodebench":  # graded in the sandbox: a machine that cannot run it fails now
         isolation()

@@ -12,7 +12,7 @@ import json
 
 import datasets
 
-from snapeval.config import compose_config
+from snapeval.configs.compose import compose_config
 from snapeval.models import load_tokenizer, model_spec
 from snapeval.tasks import Task, load_task
 

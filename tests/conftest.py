@@ -10,7 +10,7 @@ import yaml
 
 from snapeval import runner
 from snapeval.cache import effective_params, install
-from snapeval.config import compose_config
+from snapeval.configs.compose import compose_config
 from snapeval.grid import grid_points
 from snapeval.models import ModelSpec, load_model, load_tokenizer
 from snapeval.paths import CONF_DIR

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from snapeval.config import compose_config
+from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.tasks import aime24 as aime
 from snapeval.tasks import load_task

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from snapeval import runner
-from snapeval.config import compose_config
+from snapeval.configs.compose import compose_config
 from snapeval.results import load
 
 from .families import save_family

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import snapeval.tasks
-from snapeval.config import compose_config
+from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.paths import LM_EVAL_TASKS_DIR
 from snapeval.tasks import load_task, task_class, task_names

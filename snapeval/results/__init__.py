@@ -19,7 +19,7 @@ The package is split by concern: :mod:`~snapeval.results.schema` (tables),
 """
 
 from snapeval.results.connect import DB_ENV_VAR, DEFAULT_DB, database_url, sqlite_path
-from snapeval.results.identity import ALIASES, DEFAULT_IGNORED, config_hash, flatten, stored_config
+from snapeval.results.identity import ALIASES, UNHASHED, config_hash, flatten, stored_config
 from snapeval.results.leases import DEFAULT_LEASE_S
 from snapeval.results.schema import RUN_STATUSES, RunStatus
 from snapeval.results.store import ResultsDB, load, load_memory
@@ -36,11 +36,11 @@ __all__ = [
     "ALIASES",
     "DB_ENV_VAR",
     "DEFAULT_DB",
-    "DEFAULT_IGNORED",
     "DEFAULT_LEASE_S",
     "RUN_STATUSES",
     "ResultsDB",
     "RunStatus",
+    "UNHASHED",
     "config_columns",
     "config_hash",
     "database_url",

@@ -1,5 +1,6 @@
 """What identifies a result: the stored config (the composed config as recorded with results), its hash
-(less what does not change a result), the config's dotted columns and the short names of the keys that
+(less what does not change a result), both derived from the config fields' declarations
+(:func:`snapeval.configs.fields.setting`), the config's dotted columns and the short names of the keys that
 tell experiments apart, and the provenance recorded with each run (git commit, package versions)."""
 
 from __future__ import annotations
@@ -13,39 +14,27 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from snapeval.configs import legacy
+from snapeval.configs.root import declared_fields
 from snapeval.protocols import changed_settings
-
-#: Top-level config keys never stored with a result: where results go, Hydra's and the memory
-#: estimator's settings, which job ran, and the grid (each of its points is stored as its own config).
-NOT_STORED: tuple[str, ...] = ("hydra", "memory", "job", "grid")
-
-#: Run settings never stored: where results go and how long a worker's claims last.
-RUN_NOT_STORED: tuple[str, ...] = ("db", "lease_s")
 
 #: The random number generator of sampled answers (:mod:`snapeval.sampling`), stored with sampled runs.
 SAMPLER = "counter-hash-v1"
 
-#: Config keys (dotted paths) that do not change what a sample's result is, left out of
-#: :func:`config_hash`: where results go, Hydra's own settings, progress display, the memory
-#: estimator's settings, ``task.limit`` so that a run with a larger limit reuses the samples
-#: of a smaller one, ``task.shard`` so that the shards of a point fill one point, and how answers
-#: are decoded (``generation.batch_size``, ``compile``; the retired ``draw_batch``): every path
-#: gives the same answers. ``model.prompt_style`` is hashed where it acts, as the ``task.prompt_style``
-#: it sets (LiveCodeBench). ``model.hub_id`` names the config a model was converted from, read only by
-#: the memory estimator.
-DEFAULT_IGNORED: tuple[str, ...] = (
-    "run",
-    "hydra",
-    "memory",
-    "task.num_prompts",
-    "generation.draw_batch",
-    "model.prompt_style",
-    "model.hub_id",
+#: Dotted config keys never stored with a result (``setting(stored=False)``): which job ran, how a run
+#: executes (``run``, but for the shard a worker ran), the grid (each point is stored as its own config)
+#: and the memory estimator's settings.
+NOT_STORED: tuple[str, ...] = tuple(path for path, item in declared_fields() if not item.metadata["stored"])
+
+#: Dotted config keys stored but left out of :func:`config_hash` (``setting(hashed=False)``): they name
+#: or slice a run without changing what a sample's result is (the ``run`` group, the model's
+#: ``hub_id`` and ``prompt_style``, which acts as the ``task.prompt_style`` it sets, ``num_prompts``).
+UNHASHED: tuple[str, ...] = tuple(
+    path for path, item in declared_fields() if item.metadata["stored"] and not item.metadata["hashed"]
 )
 
-#: Config keys that no longer exist: ``python -m snapeval.results migrate`` drops them from stored
-#: configs and re-keys those runs' samples, so that the runs resume under the configs of today.
-RETIRED_KEYS: tuple[str, ...] = ("task.family", "task.lm_eval_task", "task.id_field")
+#: Optional nodes stored only when set (``setting(when_set=True)``): ``protocol``, ``model.config_overrides``.
+WHEN_SET: tuple[str, ...] = tuple(path for path, item in declared_fields() if item.metadata["when_set"])
 
 #: Short column names in :func:`load`, for the config keys that identify an experiment.
 ALIASES: dict[str, str] = {
@@ -68,14 +57,12 @@ VERSIONED_PACKAGES: dict[str, str] = {
 
 
 def stored_config(cfg: Mapping[str, Any], cache_params: Mapping[str, Any]) -> dict[str, Any]:
-    """The config as recorded with results: without :data:`NOT_STORED`, its cache given as the cache's
+    """The config as recorded with results (:func:`keep_stored`), its cache given as the cache's
     effective parameters (``cache_params``: :func:`snapeval.cache.effective_params` of ``cfg["cache"]``,
     which drops what the method ignores), a sampled run's generator named (never mixed with another's),
     and under a protocol preset the preset's settings it changes (``protocol.changed``).
     """
-    stored = {key: value for key, value in cfg.items() if key not in NOT_STORED}
-    if "run" in stored:
-        stored["run"] = {key: value for key, value in stored["run"].items() if key not in RUN_NOT_STORED}
+    stored = keep_stored(cfg)
     stored["cache"] = dict(cache_params)
     if cfg.get("protocol"):  # the preset's settings changed after it, by name, beside its deviations
         stored["protocol"] = {**cfg["protocol"], "changed": changed_settings(cfg)}
@@ -84,7 +71,18 @@ def stored_config(cfg: Mapping[str, Any], cache_params: Mapping[str, Any]) -> di
     return stored
 
 
-def config_hash(config: Mapping[str, Any], ignore: Iterable[str] = DEFAULT_IGNORED) -> str:
+def keep_stored(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` less :data:`NOT_STORED` and the :data:`WHEN_SET` nodes left unset."""
+    for path in NOT_STORED:
+        config = _without(config, path)
+    for path in WHEN_SET:
+        found, value = _lookup(config, path)
+        if found and value is None:
+            config = _without(config, path)
+    return dict(config)
+
+
+def config_hash(config: Mapping[str, Any], ignore: Iterable[str] = UNHASHED) -> str:
     """SHA-256 of the canonical JSON of ``config`` without the ``ignore`` dotted keys."""
     for path in ignore:
         config = _without(config, path)
@@ -92,11 +90,19 @@ def config_hash(config: Mapping[str, Any], ignore: Iterable[str] = DEFAULT_IGNOR
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def without_retired_keys(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``config`` less :data:`RETIRED_KEYS`."""
-    for path in RETIRED_KEYS:
-        config = _without(config, path)
-    return config
+def upgraded(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config stored by an older snapeval as it is stored today: old keys renamed or dropped
+    (:mod:`snapeval.configs.legacy`), then :func:`keep_stored`."""
+    return keep_stored(legacy.upgrade(config))
+
+
+def _lookup(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:
+    value: Any = config
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
 
 
 def _without(config: Mapping[str, Any], path: str) -> Mapping[str, Any]:

@@ -20,7 +20,7 @@ from snapeval.results.identity import (
     flatten,
     git_sha,
     package_versions,
-    without_retired_keys,
+    upgraded,
 )
 from snapeval.results.leases import DEFAULT_LEASE_S, STALE_ERROR, expiry, run_state, utcnow, worker_gone
 from snapeval.results.schema import RunStatus, claims, memory_estimates, runs, samples
@@ -183,12 +183,13 @@ class ResultsDB:
         return inserted
 
     def migrate(self) -> int:
-        """Drop retired keys from every stored config and re-key its run and samples by the new hash
-        (a sample already stored under the new hash wins); returns how many runs changed."""
+        """Bring every stored config to today's keys (:func:`~snapeval.results.identity.upgraded`) and
+        re-key its run and samples by the new hash (a sample already stored under the new hash wins);
+        returns how many runs changed."""
         changed = 0
         with self.engine.begin() as conn:
             for run in conn.execute(select(runs.c.id, runs.c.config, runs.c.config_hash)).mappings().all():
-                config = dict(without_retired_keys(run["config"]))
+                config = upgraded(run["config"])
                 digest = config_hash(config)
                 if digest == run["config_hash"] and config == run["config"]:
                     continue

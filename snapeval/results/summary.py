@@ -9,18 +9,18 @@ from typing import Any
 
 import pandas as pd
 
-from snapeval.results.identity import ALIASES, DEFAULT_IGNORED
+from snapeval.results.identity import ALIASES, UNHASHED
 from snapeval.results.schema import samples
 from snapeval.stats import mean_ci, pass_at
 
 
 def config_columns(df: pd.DataFrame) -> list[str]:
     """The columns of ``df`` (from :func:`load`) that hold the stored config, less what
-    :data:`DEFAULT_IGNORED` leaves out of the config hash: together, they tell experiments apart."""
+    :data:`~snapeval.results.identity.UNHASHED` leaves out of the config hash: together, they tell experiments apart."""
     not_config = {*samples.c.keys(), *ALIASES, "git_sha", "status", "created_at"}
 
     def ignored(column: str) -> bool:
-        return any(column == key or column.startswith(f"{key}.") for key in DEFAULT_IGNORED)
+        return any(column == key or column.startswith(f"{key}.") for key in UNHASHED)
 
     return [c for c in df.columns if c not in not_config and not c.startswith("metric.") and not ignored(c)]
 

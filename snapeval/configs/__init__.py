@@ -1,0 +1,1 @@
+"""The typed config tree: one dataclass per section, registered in Hydra's ConfigStore; torch-free."""

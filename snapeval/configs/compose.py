@@ -1,0 +1,120 @@
+"""Compose the configs of ``conf/`` from Python, as ``python -m snapeval <overrides>`` would, and turn
+what Hydra and OmegaConf refuse into one line naming the field (:func:`field_error`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from snapeval.configs import legacy
+from snapeval.configs.fields import takes
+from snapeval.configs.root import Config
+from snapeval.configs.store import register
+from snapeval.errors import SnapevalError
+from snapeval.paths import CONF_DIR
+
+OMEGACONF_TYPES = {
+    "Integer": "an integer",
+    "Float": "a number",
+    "Boolean": "true or false",
+    "String": "a string",
+}
+
+
+def compose_config(*overrides: str) -> dict[str, Any]:
+    """The resolved config of ``conf/config.yaml`` with Hydra ``overrides`` (old spellings rewritten,
+    :mod:`snapeval.configs.legacy`), as a plain dict (:func:`plain`)."""
+    overrides = tuple(legacy.rewrite(list(overrides)))
+    register()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            return plain(compose("config", overrides=list(overrides)))
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise field_error(exc, overrides) from None
+
+
+def plain(cfg: DictConfig) -> dict[str, Any]:
+    """A composed config as the runner reads it: resolved plain dicts, without the optional nodes left
+    unset (``protocol``, ``hardware``), its model named after the weights it loads."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    unset = [
+        f.name
+        for f in dataclasses.fields(Config)
+        if f.metadata.get("when_set") and config.get(f.name) is None
+    ]
+    return named_after_weights({key: value for key, value in config.items() if key not in unset})
+
+
+def field_error(
+    exc: Exception, overrides: tuple[str, ...] = (), names: Mapping[str, str] | None = None
+) -> SnapevalError:
+    """The one line of what Hydra or OmegaConf refused: ``<dotted field>: <what it takes>, got <value>``
+    (``names``: the chosen option of each group, to name the node an unknown key is not in)."""
+    cause = exc if isinstance(exc, OmegaConfBaseException) else exc.__cause__
+    if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        key = str(cause.full_key)
+        owner = getattr(cause, "object_type", None)
+        if isinstance(cause, ConfigKeyError) or "not in" in str(cause.msg):
+            return unknown_key(key, owner, (names or {}).get(key.partition(".")[0]))
+        if isinstance(cause, MissingMandatoryValue):
+            return SnapevalError("missing: give it a value", key)
+        if isinstance(cause, ValidationError):
+            return SnapevalError(f"must be {_takes(cause, owner)}, got {cause.value!r}", key)
+    if unknown := re.search(r"Could not override '([\w.]+)'", str(exc)):
+        return SnapevalError("no such key (check its spelling; +KEY=... adds a new one)", unknown[1])
+    reason = str(exc).splitlines()[0]  # Hydra goes on with search paths and grammar links
+    return SnapevalError(f"cannot compose {' '.join(overrides) or 'the defaults'}: {reason}")
+
+
+def unknown_key(key: str, owner: type | None, group_name: str | None = None) -> SnapevalError:
+    """A key that the node ``owner`` (a config dataclass) does not have, with the keys it has."""
+    parent = key.rpartition(".")[0]
+    known = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
+    if parent == "cache":
+        who = f"{getattr(owner, 'method', 'the cache')} takes"
+    elif parent in ("task", "model") and group_name:
+        who = f"{parent} {group_name} has"
+    else:
+        who = f"{parent or 'the config'} has"
+    return SnapevalError(f"unknown key; {who} {', '.join(known)}", key)
+
+
+def _takes(cause: ValidationError, owner: type | None) -> str:
+    """What the field of a failed conversion takes: its check's words, else its type's."""
+    name = str(cause.key)
+    declared = {f.name: f for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else {}
+    if name in declared and declared[name].metadata.get("check"):
+        return takes(declared[name].metadata["check"])
+    typed = re.search(r"converted to (\w+)", str(cause.msg))
+    return OMEGACONF_TYPES.get(typed[1], typed[1]) if typed else "a value of its type"
+
+
+def named_after_weights(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with its model named after the weights it loads: ``model.pretrained=<folder or Hub id>``
+    over a ``conf/model`` entry (say the default ``smollm2-135m``) runs other weights, so results must
+    not be stored or shown under the entry's name, nor its ``hub_id`` (the memory estimator's geometry)
+    kept. A name given on the command line (``model.name=...``) is kept as given."""
+    model = config.get("model")
+    entry_file = CONF_DIR / "model" / f"{model['name']}.yaml" if model else None
+    if entry_file is None or not entry_file.is_file():
+        return config
+    entry = yaml.safe_load(entry_file.read_text(encoding="utf-8")) or {}
+    if entry.get("name") != model["name"] or entry.get("pretrained") == model.get("pretrained"):
+        return config
+    pretrained = str(model["pretrained"])
+    name = Path(pretrained).name if Path(pretrained).is_dir() else pretrained
+    return {**config, "model": {**model, "name": name, "hub_id": None}}

@@ -1,0 +1,43 @@
+"""The ``model`` group: which weights, how they load, the model's window (``conf/model/*.yaml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from snapeval.configs.fields import (
+    PROMPT_STYLES,
+    Checked,
+    choice,
+    device,
+    integer,
+    optional_text,
+    setting,
+    text,
+)
+
+
+@dataclass
+class ModelConfig(Checked):
+    """A model: a ``conf/model`` entry, or other weights over it (``model.pretrained=<folder or Hub id>``)."""
+
+    path = "model"
+
+    name: str = setting(check=text, help="the name results are stored and shown under")
+    pretrained: str = setting(check=text, help="a Hub id, a local folder, or pkg://<package> (embedded)")
+    gguf_file: str | None = setting(None, check=optional_text, help="a GGUF file inside pretrained")
+    hub_id: str | None = setting(
+        None, check=optional_text, hashed=False, help="the config it was converted from (memory estimator)"
+    )
+    dtype: str = setting("auto", check=choice("auto", "float32", "bfloat16", "float16"))
+    device: str = setting("auto", check=device)
+    max_context: int = setting(8192, check=integer(low=16), help="the model's window, in tokens")
+    prompt_style: str = setting(
+        "openai_chat",
+        check=choice(*PROMPT_STYLES),
+        hashed=False,
+        help="LiveCodeBench's prompt for this model (hashed as the task.prompt_style it sets)",
+    )
+    config_overrides: dict[str, Any] | None = setting(
+        None, when_set=True, help="attributes set on the model's Hugging Face config (YaRN rope_parameters)"
+    )

@@ -1,0 +1,113 @@
+"""The root of the config tree (``conf/config.yaml`` extends :class:`Config`) and its own groups: how a run
+executes (``run``, never part of a result's identity) and how answers are drawn (``generation``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import MISSING
+
+from snapeval.configs.fields import (
+    MAX_LEASE_S,
+    Checked,
+    boolean,
+    choice,
+    integer,
+    number,
+    setting,
+    shard,
+    text,
+)
+from snapeval.configs.model import ModelConfig
+from snapeval.configs.task import SCHEMAS, TaskConfig
+
+DEFAULT_DB = "results/snapeval.sqlite"
+"""Where results go unless ``run.db`` (or ``$SNAPEVAL_DB``) says otherwise."""
+
+
+@dataclass
+class RunConfig(Checked):
+    """How a run executes: which samples, how many rows decode together, where results go. Every path
+    gives the same answers, so none of it is hashed, and only the shard a worker ran is stored (the runs
+    table shows it)."""
+
+    path = "run"
+
+    limit: int | None = setting(
+        None, check=integer(optional=True), stored=False, help="the first N samples (null: all)"
+    )
+    shard: str | None = setting(None, check=shard, hashed=False, help="i/n: the i-th of n slices")
+    batch_size: int = setting(8, check=integer(), stored=False, help="rows decoding together")
+    compile: str = setting(
+        "auto", check=choice("auto", "on", "off"), stored=False, help="the compiled decode step"
+    )
+    progress: bool = setting(True, check=boolean, stored=False, help="a progress bar over samples")
+    db: str = setting(DEFAULT_DB, check=text, stored=False, help="a path (SQLite) or any SQLAlchemy URL")
+    lease_s: int = setting(
+        120,
+        check=integer(low=4, high=MAX_LEASE_S),
+        stored=False,
+        help="a dead worker's claims expire after this",
+    )
+
+
+@dataclass
+class GenerationConfig(Checked):
+    """How answers are drawn (their length is ``task.max_new_tokens``)."""
+
+    path = "generation"
+
+    do_sample: bool = setting(False, check=boolean, help="false: greedy")
+    temperature: float = setting(1.0, check=number(0, 100, low_open=True))
+    top_p: float = setting(1.0, check=number(0, 1, low_open=True))
+    num_samples: int = setting(1, check=integer(), help="answers drawn per prompt")
+
+
+@dataclass
+class ProtocolConfig(Checked):
+    """A protocol preset (``+protocol=NAME``): the official run of its task(s), and what it does otherwise."""
+
+    path = "protocol"
+
+    name: str = setting(check=text)
+    task: Any = setting(help="the task it belongs to, or a list of them")
+    deviations: list[str] = setting([], help="README 'Protocols' rows this preset does otherwise")
+
+
+@dataclass
+class Config(Checked):
+    """The whole config of ``python -m snapeval``."""
+
+    job: str = setting("evaluate", check=choice("evaluate", "memory"), stored=False)
+    seed: int = setting(0, check=integer(low=0))
+    run: RunConfig = setting(RunConfig, hashed=False)
+    generation: GenerationConfig = setting(GenerationConfig)
+    task: TaskConfig = setting(MISSING)
+    model: ModelConfig = setting(MISSING)
+    cache: Any = setting(MISSING, help="a cache method's parameters (snapeval/configs/cache.py)")
+    grid: Any = setting(None, stored=False, help="cache settings from one prefill (each point is stored)")
+    memory: Any = setting(None, stored=False, help="the memory estimator's settings (job=memory)")
+    protocol: ProtocolConfig | None = setting(None, when_set=True)
+    hardware: Any = setting(None, when_set=True, help="a conf/hardware entry (+hardware=NAME)")
+
+
+def declared_fields(schema: type = Config, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:
+    """Every field of the config tree by dotted path (those of every kind of task), nested ones after
+    their node."""
+    hints = typing.get_type_hints(schema)
+    seen: set[str] = set()
+    for item in dataclasses.fields(schema):
+        path = f"{prefix}{item.name}"
+        yield path, item
+        declared = hints[item.name]
+        nodes = [arg for arg in typing.get_args(declared) if dataclasses.is_dataclass(arg)] or [declared]
+        for node in filter(dataclasses.is_dataclass, nodes):
+            for kind in [node, *(kind for kind in SCHEMAS.values() if issubclass(kind, node))]:
+                for child in declared_fields(kind, f"{path}."):
+                    if child[0] not in seen:
+                        seen.add(child[0])
+                        yield child

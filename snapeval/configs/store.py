@@ -1,0 +1,25 @@
+"""Registers the config schemas in Hydra's ConfigStore, where the files of ``conf/`` find them: the root
+(``conf/config.yaml`` extends ``config_schema``), each kind of task (``conf/task/*.yaml`` extend
+``<kind>_schema``), the models (``model_schema``) and one node per cache method (``cache=<method>``)."""
+
+from __future__ import annotations
+
+from hydra.core.config_store import ConfigStore
+
+from snapeval.configs.cache import register_caches
+from snapeval.configs.model import ModelConfig
+from snapeval.configs.root import Config
+from snapeval.configs.task import SCHEMAS
+
+
+def register() -> None:
+    """Store every schema (idempotent: a second call stores the same nodes again)."""
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    for kind, schema in SCHEMAS.items():
+        store.store(group="task", name=f"{kind}_schema", node=schema)
+    store.store(group="model", name="model_schema", node=ModelConfig)
+    register_caches(store)
+
+
+register()
