@@ -16,7 +16,8 @@ from snapeval.stats import mean_ci, pass_at
 
 def config_columns(df: pd.DataFrame) -> list[str]:
     """The columns of ``df`` (from :func:`load`) that hold the stored config, less what
-    :data:`~snapeval.results.identity.UNHASHED` leaves out of the config hash: together, they tell experiments apart."""
+    :data:`~snapeval.results.identity.UNHASHED` leaves out of the config hash: together, they tell
+    experiments apart."""
     not_config = {*samples.c.keys(), *ALIASES, "git_sha", "status", "created_at"}
 
     def ignored(column: str) -> bool:
