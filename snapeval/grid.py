@@ -3,43 +3,43 @@
 ::
 
     grid:
-      cache: [full, streaming_llm, snapkv, snapstream]   # options of the conf/cache group
+      cache: [full, streaming_llm, snapkv, snapstream]   # options of the cache group (methods)
       params: {budget: [192, 384, 768], window: 16}      # a list is swept, a value is fixed
       share_prefill: true                                # false: every point alone (to time one point)
 
-Each point is the cache group option's config with the grid's parameters applied, exactly the cache
-that ``python -m snapeval cache=<option> cache.<param>=<value> ...`` composes, so it is stored under the
-very config hash a run of that point alone would have. A parameter a method does not take leaves it
-out (the full cache ignores budgets), so points that end up equal are evaluated once.
+Each point is the cache group option's config (its method's dataclass, :mod:`snapeval.configs.cache`)
+with the grid's parameters applied, exactly the cache that ``python -m snapeval cache=<option>
+cache.<param>=<value> ...`` composes, so it is stored under the very config hash a run of that point
+alone would have. A parameter a method does not take leaves it out (the full cache ignores budgets), so
+points that end up equal are evaluated once. Nothing here loads torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
-from snapeval.cache import effective_params, method_class
+from snapeval.configs.cache import METHODS, effective_params, parameter_names
 from snapeval.errors import SnapevalError
-from snapeval.paths import CONF_DIR
 
 GRID_KEYS = ("cache", "params", "share_prefill")
 
 
 def _shipped(name: Any) -> dict[str, Any] | None:
-    """The cache config of group option ``name`` (conf/cache/<name>.yaml), or None if there is none."""
-    path = CONF_DIR / "cache" / f"{name}.yaml"
-    return yaml.safe_load(path.read_text()) if isinstance(name, str) and path.is_file() else None
+    """The cache config of group option ``name`` (a built-in method's defaults), or None if none."""
+    params = METHODS.get(name) if isinstance(name, str) else None
+    return dataclasses.asdict(params()) if params is not None else None
 
 
 def _option(name: Any) -> dict[str, Any]:
     """The cache config of group option ``name``; an error naming ``grid.cache`` if there is none."""
     option = _shipped(name)
     if option is None:
-        options = sorted(p.stem for p in (CONF_DIR / "cache").glob("*.yaml"))
-        raise SnapevalError(f"no cache config {name!r}; choose from {', '.join(options)}", "grid.cache")
+        raise SnapevalError(
+            f"no cache config {name!r}; choose from {', '.join(sorted(METHODS))}", "grid.cache"
+        )
     return option
 
 
@@ -59,7 +59,7 @@ def check_grid(cfg: Mapping[str, Any]) -> None:
     if not isinstance(grid.get("share_prefill", True), bool):
         raise SnapevalError("must be true or false", "grid.share_prefill")
     methods = {_option(name)["method"] for name in options}
-    accepted = {name for method in methods for name in method_class(method).parameter_names()}
+    accepted = {name for method in methods for name in parameter_names(METHODS[method])}
     for name, values in (grid.get("params") or {}).items():
         if name not in accepted:
             known = ", ".join(sorted(methods))
@@ -84,10 +84,9 @@ def grid_points(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     points, seen = [], set()
     for option in grid["cache"]:
         shipped = _option(option)
-        takes = set(shipped) | set(method_class(shipped["method"]).parameter_names())
         for values in itertools.product(*swept.values()):
             # a parameter the method does not take is left out: the point is that method's own config
-            given = {name: value for name, value in zip(swept, values, strict=True) if name in takes}
+            given = {name: value for name, value in zip(swept, values, strict=True) if name in shipped}
             cache = {**shipped, **given}
             try:
                 effective = tuple(sorted(effective_params(cache).items()))

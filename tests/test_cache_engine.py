@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from snapeval.cache import SnapStreamCache, StreamingLLMCache, build_cache
+from snapeval.cache import FullCache, SnapKVCache, SnapStreamCache, StreamingLLMCache, build_cache
+from snapeval.configs.cache import check_cache
 from snapeval.errors import SnapevalError
 from snapeval.models import encode_chat
 
@@ -140,6 +141,31 @@ def test_bad_parameters_fail_with_the_field_named(params, field):
     with pytest.raises(SnapevalError) as error:
         build_cache(params)
     assert error.value.field == field
+    if ":" not in params["method"]:  # a built-in method's config is refused alike, before torch is needed
+        with pytest.raises(SnapevalError) as error:
+            check_cache(params)
+        assert error.value.field == field
+
+
+def test_a_cache_takes_its_method_s_parameters_as_keywords():
+    assert SnapStreamCache(budget=256).params() == {
+        "method": "snapstream",
+        "budget": 256,
+        "ratio": None,
+        "window": 32,
+        "kernel": 7,
+        "pooling": "max",
+        "sinks": 4,
+        "ring": 64,
+        "gqa_reduce": "mean",
+    }
+    by_ratio = SnapKVCache(ratio=0.25, window=4)  # a ratio stands instead of the default budget
+    assert (by_ratio.budget, by_ratio.decode_slots(400, 10)) == (None, 110)
+    assert build_cache({"method": "full", "budget": 64}, strict=False).params() == {"method": "full"}
+    with pytest.raises(SnapevalError, match="full takes no parameter budget; it takes none"):
+        build_cache({"method": "full", "budget": 64})
+    with pytest.raises(TypeError, match="FullCache takes no parameter budget"):
+        FullCache(budget=64)
 
 
 def test_kept_histogram_is_the_share_of_each_prompt_region_still_held():

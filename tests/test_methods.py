@@ -1,41 +1,54 @@
-"""One declaration per method: the registry, the config group generated from it, and a method added as
-one module outside the package that runs end to end without touching any other file."""
+"""One declaration per method: its parameters' dataclass (torch-free, the config group's option) and its
+engine class, and a method added as one module outside the package that runs end to end without
+touching any other file."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
-import yaml
 
 from snapeval.cache import build_cache, method_class, method_classes, method_label
+from snapeval.configs.cache import METHODS, effective_params, parameter_names
 from snapeval.errors import SnapevalError
 from snapeval.figures import method_color
 from snapeval.memory import estimate
-from snapeval.method_configs import definition, stale
-from snapeval.paths import CONF_DIR
 from snapeval.results import load
 
 TOY_MODULE = '''
+from dataclasses import dataclass
+
 import torch
 
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
 from snapeval.cache.scoring import top_columns
+from snapeval.errors import SnapevalError
+
+
+@dataclass
+class FirstTokens:
+    """Keeps the first ``budget`` prompt tokens; decode appends. Defaults: budget 8."""
+
+    method: str = "first_tokens"
+    budget: int = 8
+
+    def __post_init__(self) -> None:
+        if self.budget < 1:
+            raise SnapevalError(f"must be an integer >= 1, got {self.budget}", "cache.budget")
 
 
 class FirstTokensCache(SnapevalCache):
-    """Keeps the first ``budget`` prompt tokens; decode appends. Defaults: budget 8."""
+    """Keeps the first ``budget`` prompt tokens; decode appends."""
 
     method = "first_tokens"
     label = "First tokens"
-
-    def __init__(self, budget: int = 8) -> None:
-        super().__init__()
-        self.budget = budget
+    params_class = FirstTokens
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
         return min(prompt_length, self.budget) + new_tokens
@@ -49,16 +62,20 @@ class FirstTokensCache(SnapevalCache):
 TOY = "toy_first_tokens:FirstTokensCache"
 
 
-def test_built_in_methods_are_the_modules_of_the_engine():
-    assert list(method_classes()) == [
-        "full",
-        "kvpress",
-        "sage_kv",
-        "snapkv",
-        "snapstream",
-        "speculative_prefill",
-        "streaming_llm",
-    ]
+def test_built_in_methods_are_the_modules_of_the_engine_each_with_its_parameters():
+    assert (
+        list(method_classes())
+        == list(METHODS)
+        == [
+            "full",
+            "kvpress",
+            "sage_kv",
+            "snapkv",
+            "snapstream",
+            "speculative_prefill",
+            "streaming_llm",
+        ]
+    )
     assert [method_label(m) for m in method_classes()] == [
         "Full cache",
         "kvpress",
@@ -68,34 +85,66 @@ def test_built_in_methods_are_the_modules_of_the_engine():
         "Speculative prefill",
         "StreamingLLM",
     ]
-    for cls in method_classes().values():
+    for name, cls in method_classes().items():
+        assert cls.params_class is METHODS[name], f"{cls.__name__} takes its parameters from {name}'s"
         assert inspect.getdoc(cls), f"{cls.__name__} states its algorithm in its docstring"
 
 
-def test_the_config_group_is_generated_from_the_classes():
-    assert stale() == [], "run `python -m snapeval.method_configs`"
-    snapstream = yaml.safe_load((CONF_DIR / "cache" / "snapstream.yaml").read_text())
-    assert snapstream == {
-        "method": "snapstream",
-        "budget": 1024,
-        "ratio": None,
-        "window": 32,
-        "kernel": 7,
-        "pooling": "max",
-        "sinks": 4,
-        "ring": 64,
-        "gqa_reduce": "mean",
-    }
-    full = yaml.safe_load(definition("full"))
-    assert full == {"method": "full", "budget": None, "ratio": None}  # one sweep gives every method a budget
+def stated_defaults(params: type) -> dict[str, str]:
+    """The parameters and values a dataclass's docstring states in its "Defaults: a 1, b x." sentence."""
+    doc = " ".join(inspect.getdoc(params).split())
+    sentence = re.sub(r" \(.*?\)", "", doc.partition("Defaults: ")[2]).split(". ")[0].rstrip(".")
+    return dict(pair.split(" ", 1) for pair in sentence.split(", ")) if sentence else {}
 
 
-def test_a_config_option_without_a_method_is_stale(tmp_path):
-    for method in method_classes():
-        (tmp_path / f"{method}.yaml").write_text(definition(method))
-    (tmp_path / "h2o.yaml").write_text("method: h2o\n")
-    (tmp_path / "snapkv.yaml").write_text(definition("snapkv").replace("window: 32", "window: 16"))
-    assert stale(tmp_path) == ["snapkv", "h2o"]
+@pytest.mark.parametrize("method", list(METHODS))
+def test_a_method_runs_with_the_defaults_its_docstring_states(method):
+    """The docstring's defaults are the config option's, and the engine built without arguments runs
+    with them: a budgeted method holds 1024 slots of a 5000-token prompt, kvpress half, full all."""
+    params = METHODS[method]
+    option = dataclasses.asdict(params())
+    assert option["method"] == method and {"budget", "ratio"} <= set(option)  # a sweep budgets every method
+    stated = stated_defaults(params)
+    assert list(stated) == [name for name in parameter_names(params) if name != "ratio"]
+    for name, value in stated.items():
+        default = option[name]
+        written = (
+            "null" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
+        )
+        assert written == value, f"{params.__name__}.{name}: the docstring says {value}"
+    if method == "kvpress":
+        pytest.importorskip("kvpress")
+    engine = build_cache({"method": method})
+    assert engine.params() == effective_params(option)
+    expected = {"full": 5000, "kvpress": 2500}.get(method, 1024)
+    assert engine.decode_slots(5000, 0) == expected
+
+
+def test_a_bad_parameter_is_refused_without_importing_torch(torch_refused):
+    """The parameters, their checks, the stored form and the grid's points need no torch."""
+    code = """
+import sys
+from snapeval.configs.cache import check_cache, effective_params
+from snapeval.errors import SnapevalError
+from snapeval.grid import grid_points
+print(effective_params({"method": "snapstream", "budget": 256, "window": 16}))
+grid = {"cache": ["full", "snapkv"], "params": {"budget": [64, 128]}}
+print(len(grid_points({"cache": {"method": "full", "budget": None, "ratio": None}, "grid": grid})))
+try:
+    check_cache({"method": "snapstream", "budget": 96})
+except SnapevalError as error:
+    print(error)
+print("torch" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], env=torch_refused, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "{'method': 'snapstream', 'budget': 256, 'ratio': None, 'window': 16, 'kernel': 7, 'pooling': 'max', "
+        "'sinks': 4, 'ring': 64, 'gqa_reduce': 'mean'}",
+        "3",  # the full cache ignores the budget: one point, then snapkv's two
+        "cache.budget: must be an integer larger than cache.window + cache.sinks + cache.ring = 100, got 96",
+        "False",
+    ]
 
 
 @pytest.fixture

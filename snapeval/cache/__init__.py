@@ -2,7 +2,8 @@
 
 It knows nothing of tasks. Prepare a model with :func:`install`, then give a fresh cache to each
 generation: ``model.generate(ids, past_key_values=build_cache({"method": "snapstream", "budget": 1024}))``.
-The methods are those :mod:`snapeval.cache.registry` finds: adding one is adding a module.
+The methods are those :mod:`snapeval.cache.registry` finds: adding one is adding a module, and its
+parameters' dataclass to :mod:`snapeval.configs.cache`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from snapeval.cache.snapkv import SnapKVCache
 from snapeval.cache.snapstream import SnapStreamCache
 from snapeval.cache.speculative_prefill import SpeculativePrefillCache
 from snapeval.cache.streaming_llm import StreamingLLMCache
+from snapeval.configs.cache import effective_params
 from snapeval.errors import SnapevalError
 
 __all__ = [
@@ -61,9 +63,3 @@ def build_cache(params: Mapping[str, Any], strict: bool = True) -> SnapevalCache
     cache = cls(**params)
     cache.method = method  # an outside method is stored under the path that loads it again
     return cache
-
-
-def effective_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """What a cache config stands for, as results store it: its method and the parameters that method
-    takes, defaults filled in, the rest dropped (two configs that build the same cache give the same)."""
-    return build_cache(params, strict=False).params()

@@ -8,12 +8,11 @@ for rings and sliding windows are) keeps.
 
 from __future__ import annotations
 
-import inspect
 import math
 from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers.cache_utils import Cache
@@ -21,6 +20,7 @@ from transformers.cache_utils import Cache
 from snapeval.cache.layer import KVLayer, Selection
 from snapeval.cache.mla import is_latent, latent_keys, latent_queries
 from snapeval.cache.ring import EMPTY
+from snapeval.configs.cache import method_params, parameter_names
 
 LAYER_WINDOW = "snapeval_sliding_window"  # an attention module's sliding window, as its prefill passed it
 
@@ -86,6 +86,9 @@ class SnapevalCache(Cache):
     """The name in configs and results."""
     label: str = ""
     """The name in figures (the ``method`` if empty)."""
+    params_class: ClassVar[type | None] = None
+    """The method's parameters (a dataclass of :mod:`snapeval.configs.cache`): the constructor's keyword
+    arguments, checked by it and each kept as an attribute of that name."""
     wants_layer_inputs = False
     """True for a method that scores from an attention module's forward inputs (:class:`LayerPrompt`)."""
     selects_before_prefill = False
@@ -94,8 +97,14 @@ class SnapevalCache(Cache):
     owns_decode_mask = True
     """The snapeval attention asks the cache for its decode masks (:meth:`attention_mask`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, **params: Any) -> None:
+        unknown = sorted(set(params) - set(self.parameter_names()))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} takes no parameter {', '.join(unknown)}")
+        made = method_params(self.params_class, params) if self.params_class is not None else None
         super().__init__(layer_class_to_replicate=KVLayer)
+        for name in self.parameter_names():
+            setattr(self, name, getattr(made, name))
 
     @abstractmethod
     def select(self, prompt: LayerPrompt) -> Selection:
@@ -103,8 +112,8 @@ class SnapevalCache(Cache):
 
     @classmethod
     def parameter_names(cls) -> list[str]:
-        """The method's parameters: its constructor's arguments, each kept as an attribute of that name."""
-        return list(inspect.signature(cls.__init__).parameters)[1:]
+        """The method's parameters: the fields of its ``params_class`` that it takes."""
+        return parameter_names(cls.params_class)
 
     def params(self) -> dict:
         """The method and its parameters, as stored with results."""

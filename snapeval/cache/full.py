@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
+from snapeval.configs.cache import Full
 
 
 class FullCache(SnapevalCache):
@@ -13,6 +14,7 @@ class FullCache(SnapevalCache):
 
     method = "full"
     label = "Full cache"
+    params_class = Full
 
     def select(self, prompt: LayerPrompt) -> Selection:
         return Selection()

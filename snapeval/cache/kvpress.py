@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import json
 from typing import Any
 
 from snapeval.cache.attention import ROTARY_MODULE
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
 from snapeval.cache.mla import is_latent
 from snapeval.cache.scoring import top_columns
+from snapeval.configs.cache import Kvpress, press_arguments
 from snapeval.errors import SnapevalError
 
 INSTALL = "pip install 'snapeval[kvpress]'"
@@ -28,31 +28,17 @@ class KvpressCache(SnapevalCache):
     ``kvpress`` with a ``score`` method (``SnapKVPress``, ``ExpectedAttentionPress``, ``KnormPress``,
     ``TOVAPress``, ...); ``press_args`` is a JSON object of its other fields (e.g.
     ``{"window_size": 64, "kernel_size": 5}``). Needs the extra: ``pip install 'snapeval[kvpress]'``.
-
-    Defaults: compression_ratio 0.5, press SnapKVPress, press_args {} (the press's defaults). Padding
-    columns are never kept.
+    Padding columns are never kept. Parameters and their defaults: :class:`~snapeval.configs.cache.Kvpress`.
     """
 
     method = "kvpress"
     label = "kvpress"
     wants_layer_inputs = True
+    params_class = Kvpress
 
-    def __init__(
-        self,
-        budget: int | None = None,
-        compression_ratio: float | None = 0.5,
-        press: str = "SnapKVPress",
-        press_args: str = "{}",
-    ) -> None:
-        if budget is not None and (not isinstance(budget, int) or budget <= 0):
-            raise SnapevalError(f"must be a positive integer or null, got {budget!r}", "cache.budget")
-        ratio_ok = isinstance(compression_ratio, int | float) and 0 <= compression_ratio < 1
-        if budget is None and not ratio_ok:
-            raise SnapevalError(f"must be in [0, 1), got {compression_ratio!r}", "cache.compression_ratio")
-        super().__init__()
-        self.budget, self.press, self.press_args = budget, press, press_args
-        self.compression_ratio = None if budget is not None else compression_ratio  # a budget replaces it
-        self.scorer = _press(press, press_args)
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.scorer = _press(self.press, self.press_args)
 
     def kept(self, prompt_length: int) -> int:
         """Prompt tokens a layer keeps."""
@@ -87,7 +73,7 @@ class KvpressCache(SnapevalCache):
 
 def _press(name: str, press_args: str) -> Any:
     """An instance of kvpress's press class ``name`` with ``press_args`` (a JSON object)."""
-    arguments = _press_arguments(press_args)
+    arguments = press_arguments(press_args)
     try:
         kvpress = importlib.import_module("kvpress")
     except ImportError:
@@ -104,16 +90,3 @@ def _press(name: str, press_args: str) -> Any:
         return cls(**arguments)
     except (ValueError, TypeError, AssertionError) as error:
         raise SnapevalError(f"{name} does not take {press_args}: {error}", "cache.press_args") from None
-
-
-def _press_arguments(press_args: str) -> dict[str, Any]:
-    """``press_args`` read as a JSON object."""
-    try:
-        arguments = json.loads(press_args)
-    except (TypeError, ValueError) as error:
-        raise SnapevalError(f"not JSON ({error}): {press_args!r}", "cache.press_args") from None
-    if not isinstance(arguments, dict):
-        raise SnapevalError(
-            f'must be a JSON object ({{"name": value}}), got {press_args!r}', "cache.press_args"
-        )
-    return arguments

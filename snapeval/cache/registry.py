@@ -1,11 +1,11 @@
-"""Where the methods are declared: every :class:`SnapevalCache` subclass in a module of this package.
+"""Where the methods' engines are: every :class:`SnapevalCache` subclass in a module of this package.
 
-A method is one module here whose class sets ``method`` (its name in configs and results) and
-``label`` (its name in figures; a class without one, such as the grid, is no method); its constructor's
-arguments, with their defaults and checks, are its parameters. Nothing else lists methods: the Hydra
-group ``conf/cache`` is generated from this registry (``python -m snapeval.method_configs``); the
-runner, sweeps, lm-eval model, memory estimator and figures ask it. A method kept outside the package is
-named by its import path, ``package.module:ClassName``.
+A method is one module here whose class sets ``method`` (its name in configs and results), ``label``
+(its name in figures; a class without one, such as the grid, is no method) and ``params_class``, its
+parameters: the dataclass of :mod:`snapeval.configs.cache` that declares their defaults and checks, and
+that Hydra composes without torch. The runner, sweeps, lm-eval model, memory estimator and figures ask
+this registry for a method's engine. A method kept outside the package is named by its import path,
+``package.module:ClassName``.
 """
 
 from __future__ import annotations

@@ -6,15 +6,8 @@ from __future__ import annotations
 import torch
 
 from snapeval.cache.base import EMPTY, LayerPrompt, Selection, SnapevalCache, resolve_budget
-from snapeval.cache.scoring import (
-    GQA_REDUCTIONS,
-    first_valid_columns,
-    prompt_window_attention,
-    reduce_gqa,
-    top_columns,
-)
-from snapeval.cache.validation import check_budget, check_count
-from snapeval.errors import SnapevalError
+from snapeval.cache.scoring import first_valid_columns, prompt_window_attention, reduce_gqa, top_columns
+from snapeval.configs.cache import SageKV
 
 
 class SageKVCache(SnapevalCache):
@@ -31,35 +24,14 @@ class SageKVCache(SnapevalCache):
 
     Choices the paper leaves open: a GQA group's query heads are reduced to one score per KV head by
     ``gqa_reduce`` (mean); scores are softmax probabilities in float32, not pooled; ties go to the earlier
-    token. Defaults: sinks 4, recent 64 (the size of SnapStream's ring, for a matched comparison),
-    window 1, gqa_reduce mean. ``ratio`` instead of ``budget`` sizes the cache as
-    ``ceil(ratio * prompt length)``.
+    token. ``recent`` defaults to the size of SnapStream's ring, for a matched comparison. ``ratio``
+    instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``. Parameters and their
+    defaults: :class:`~snapeval.configs.cache.SageKV`.
     """
 
     method = "sage_kv"
     label = "SAGE-KV"
-
-    def __init__(
-        self,
-        budget: int | None = None,
-        ratio: float | None = None,
-        sinks: int = 4,
-        recent: int = 64,
-        window: int = 1,
-        gqa_reduce: str = "mean",
-    ) -> None:
-        check_count(sinks, "cache.sinks", 0)
-        check_count(recent, "cache.recent", 1)
-        check_count(window, "cache.window", 1)
-        if gqa_reduce not in GQA_REDUCTIONS:
-            raise SnapevalError(
-                f"unknown reduction {gqa_reduce!r}; choose one of {', '.join(GQA_REDUCTIONS)}",
-                "cache.gqa_reduce",
-            )
-        check_budget(budget, ratio, sinks + recent, "cache.sinks + cache.recent")
-        super().__init__()
-        self.budget, self.ratio, self.sinks, self.recent = budget, ratio, sinks, recent
-        self.window, self.gqa_reduce = window, gqa_reduce
+    params_class = SageKV
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
         return resolve_budget(self.budget, self.ratio, prompt_length, self.sinks + self.recent + 1)

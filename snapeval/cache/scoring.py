@@ -18,9 +18,6 @@ import torch.nn.functional as F
 
 from snapeval.cache.base import EMPTY, LayerPrompt
 
-POOLINGS = ("max", "avg")
-GQA_REDUCTIONS = ("mean", "max")
-
 
 def window_attention(
     query: torch.Tensor,

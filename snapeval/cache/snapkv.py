@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
 from snapeval.cache.scoring import snapkv_priority, top_columns
-from snapeval.cache.validation import check_budget, check_snapkv_scoring
+from snapeval.configs.cache import SnapKV
 
 
 class SnapKVCache(SnapevalCache):
@@ -16,27 +16,13 @@ class SnapKVCache(SnapevalCache):
     (``gqa_reduce`` mean|max), and the top ``budget - window`` prefix tokens are kept together with the
     window itself. A prompt of at most ``budget`` tokens is kept whole. Generated tokens are appended.
 
-    Defaults: window 32, kernel 7, pooling max, gqa_reduce mean. ``ratio`` instead of ``budget`` keeps
-    ``ceil(ratio * prompt length)`` tokens.
+    ``ratio`` instead of ``budget`` keeps ``ceil(ratio * prompt length)`` tokens. Parameters and their
+    defaults: :class:`~snapeval.configs.cache.SnapKV`.
     """
 
     method = "snapkv"
     label = "SnapKV"
-
-    def __init__(
-        self,
-        budget: int | None = None,
-        ratio: float | None = None,
-        window: int = 32,
-        kernel: int = 7,
-        pooling: str = "max",
-        gqa_reduce: str = "mean",
-    ) -> None:
-        check_snapkv_scoring(window, kernel, pooling, gqa_reduce)
-        check_budget(budget, ratio, window, "cache.window")
-        super().__init__()
-        self.budget, self.ratio, self.window = budget, ratio, window
-        self.kernel, self.pooling, self.gqa_reduce = kernel, pooling, gqa_reduce
+    params_class = SnapKV
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
         budget = resolve_budget(self.budget, self.ratio, prompt_length, self.window + 1)

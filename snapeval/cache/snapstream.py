@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
 from snapeval.cache.scoring import first_valid_columns, snapkv_priority, top_columns
-from snapeval.cache.validation import check_budget, check_count, check_snapkv_scoring
+from snapeval.configs.cache import SnapStream
 
 
 class SnapStreamCache(SnapevalCache):
@@ -17,30 +17,12 @@ class SnapStreamCache(SnapevalCache):
     ``ring`` slots form a StreamingLLM ring for generated tokens: once full, each new token overwrites the
     oldest generated one. Buffers are allocated once; decode never resizes them.
 
-    Defaults: window 32, kernel 7, pooling max, sinks 4, ring 64, gqa_reduce mean.
+    Parameters and their defaults: :class:`~snapeval.configs.cache.SnapStream`.
     """
 
     method = "snapstream"
     label = "SnapStream"
-
-    def __init__(
-        self,
-        budget: int | None = None,
-        ratio: float | None = None,
-        window: int = 32,
-        kernel: int = 7,
-        pooling: str = "max",
-        sinks: int = 4,
-        ring: int = 64,
-        gqa_reduce: str = "mean",
-    ) -> None:
-        check_snapkv_scoring(window, kernel, pooling, gqa_reduce)
-        check_count(sinks, "cache.sinks", 0)
-        check_count(ring, "cache.ring", 1)
-        check_budget(budget, ratio, window + sinks + ring, "cache.window + cache.sinks + cache.ring")
-        super().__init__()
-        self.budget, self.ratio, self.window, self.kernel = budget, ratio, window, kernel
-        self.pooling, self.sinks, self.ring, self.gqa_reduce = pooling, sinks, ring, gqa_reduce
+    params_class = SnapStream
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
         return resolve_budget(

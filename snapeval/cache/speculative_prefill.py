@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
 from snapeval.cache.scoring import prompt_window_attention
-from snapeval.cache.validation import check_budget, check_count
+from snapeval.configs.cache import SpeculativePrefill
 from snapeval.errors import SnapevalError
 
 DRAFTS_ATTRIBUTE = "snapeval_drafts"  # what attach_draft sets on a target model: draft name -> Draft
@@ -53,33 +53,18 @@ class SpeculativePrefillCache(SnapevalCache):
     ``model(ids, past_key_values=cache)`` call prefills the whole prompt.
 
     Choices the papers leave to us: the last prompt queries stand for the paper's look-ahead tokens (no
-    draft decoding), importance is a mean (not a max) over heads and layers. Defaults: draft self,
-    window 8, kernel 13, chunk 32. ``ratio`` instead of ``budget`` keeps ``ceil(ratio * prompt length)``.
+    draft decoding), importance is a mean (not a max) over heads and layers. ``ratio`` instead of
+    ``budget`` keeps ``ceil(ratio * prompt length)``. Parameters and their defaults:
+    :class:`~snapeval.configs.cache.SpeculativePrefill`.
     """
 
     method = "speculative_prefill"
     label = "Speculative prefill"
     selects_before_prefill = True
+    params_class = SpeculativePrefill
 
-    def __init__(
-        self,
-        budget: int | None = None,
-        ratio: float | None = None,
-        draft: str = SELF,
-        window: int = 8,
-        kernel: int = 13,
-        chunk: int = 32,
-    ) -> None:
-        check_count(window, "cache.window", 1)
-        check_count(chunk, "cache.chunk", 1)
-        if not isinstance(kernel, int) or kernel <= 0 or kernel % 2 == 0:
-            raise SnapevalError(f"must be a positive odd integer, got {kernel}", "cache.kernel")
-        if not isinstance(draft, str) or not draft:
-            raise SnapevalError(f"must be a model name, a Hub id or 'self', got {draft!r}", "cache.draft")
-        check_budget(budget, ratio, window, "cache.window")
-        super().__init__()
-        self.budget, self.ratio, self.draft = budget, ratio, draft
-        self.window, self.kernel, self.chunk = window, kernel, chunk
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
         self.columns: list[int] | None = None  # the prompt columns prefilled, once chosen
         self.prompt_length = 0
 

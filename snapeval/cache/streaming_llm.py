@@ -9,7 +9,7 @@ from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_b
 from snapeval.cache.ring import rerotated_sinks
 from snapeval.cache.rope import KeyRotation
 from snapeval.cache.scoring import first_valid_columns, top_columns
-from snapeval.cache.validation import check_budget, check_count
+from snapeval.configs.cache import StreamingLLM
 from snapeval.errors import SnapevalError
 
 
@@ -24,22 +24,13 @@ class StreamingLLMCache(SnapevalCache):
     change: each decode step rotates the sink keys forward by the number of evicted tokens (the cache
     itself keeps them as they were).
 
-    Defaults: sinks 4, rerotate false. ``ratio`` instead of ``budget`` sizes the cache as
-    ``ceil(ratio * prompt length)``.
+    ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``. Parameters and
+    their defaults: :class:`~snapeval.configs.cache.StreamingLLM`.
     """
 
     method = "streaming_llm"
     label = "StreamingLLM"
-
-    def __init__(
-        self, budget: int | None = None, ratio: float | None = None, sinks: int = 4, rerotate: bool = False
-    ) -> None:
-        check_count(sinks, "cache.sinks", 0)
-        check_budget(budget, ratio, sinks, "cache.sinks")
-        if not isinstance(rerotate, bool):
-            raise SnapevalError(f"must be true or false, got {rerotate!r}", "cache.rerotate")
-        super().__init__()
-        self.budget, self.ratio, self.sinks, self.rerotate = budget, ratio, sinks, rerotate
+    params_class = StreamingLLM
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
         return resolve_budget(self.budget, self.ratio, prompt_length, self.sinks + 1)
