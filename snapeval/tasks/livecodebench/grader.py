@@ -1,6 +1,6 @@
 """LiveCodeBench's grading loop, run inside the sandbox: one process per program, every test timed alone.
 
-:func:`snapeval.tasks.livecodebench.run_tests` runs this file as the sandboxed program (standard
+:func:`snapeval.tasks.livecodebench.grading.run_tests` runs this file as the sandboxed program (standard
 library only; it never imports snapeval). It reads a job (the program, its function name for
 functional problems, the test inputs, the per-test limit) from stdin and grades as lcb_runner's
 ``testing_util`` does:

@@ -2,9 +2,10 @@
 builds them for its ``LMStyle`` (``lcb_runner/prompts/code_generation.py``).
 
 A style gives either chat messages (the model's chat template comes around them) or one finished
-prompt text, special tokens included, that the model reads as it is (:data:`RAW_ROLE`). The style is
-the model's (``model.prompt_style`` in ``conf/model/<name>.yaml``, as lcb_runner's model list assigns
-it), overridable per run (``model.prompt_style=...`` or ``task.prompt_style=...``):
+prompt text, special tokens included, that the model reads as it is (a
+:data:`~snapeval.tasks.base.RAW_ROLE` message). The style is the model's (``model.prompt_style`` in
+``conf/model/<name>.yaml``, as lcb_runner's model list assigns it), overridable per run
+(``model.prompt_style=...`` or ``task.prompt_style=...``):
 
 ===============  ========================  ===================================================
 style            lcb_runner ``LMStyle``    prompt
@@ -22,8 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-RAW_ROLE = "raw"
-"""The role of a message that is the whole prompt text, given to the model without a chat template."""
+from snapeval.tasks.base import RAW_ROLE
 
 SYSTEM_MESSAGE = (
     "You are an expert Python programmer. You will be given a question (problem specification) "
