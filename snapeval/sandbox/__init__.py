@@ -9,7 +9,7 @@ the program also runs
 * in private mount, network, pid and IPC namespaces: no network at all (not even loopback), a
   private ``/proc``, and every process it starts dies with it;
 * on an allow-listed, read-only root: the system's libraries and the interpreter, a private ``/tmp``
-  and its working folder (:mod:`~snapeval.sandbox.bootstrap`, :mod:`~snapeval.sandbox.layout`);
+  and its working folder (:mod:`~snapeval.sandbox.bootstrap`, :mod:`~snapeval.sandbox.root`);
 * without capabilities and with ``no_new_privs`` (setuid binaries cannot raise privileges);
 * as a uid of its own when the harness runs as root, so that its process limit is its own (the
   kernel exempts root from it, and counts it per uid).
@@ -17,7 +17,7 @@ the program also runs
 Modules: :mod:`~snapeval.sandbox.limits` (what a run may use), :mod:`~snapeval.sandbox.probe` (which
 isolation works here), :mod:`~snapeval.sandbox.execution` (one run: its folder, launch and result),
 :mod:`~snapeval.sandbox.processes` (waiting and killing), :mod:`~snapeval.sandbox.cgroups` (a memory
-cap for all of a run's processes), :mod:`~snapeval.sandbox.layout` (the paths of its root) and
+cap for all of a run's processes), :mod:`~snapeval.sandbox.root` (the paths of its root) and
 :mod:`~snapeval.sandbox.bootstrap` (the script that builds that root and confines the program).
 """
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
 
-import snapeval.sandbox.layout as layout
 import snapeval.sandbox.processes as processes
 from snapeval.errors import SnapevalError
 from snapeval.sandbox.cgroups import memory_cgroup
 from snapeval.sandbox.limits import SandboxLimits
+from snapeval.sandbox.root import allowed_paths, work_folder
 
 Status = Literal["ok", "error", "timeout", "memory", "killed"]
 
@@ -127,7 +127,7 @@ def _command(
     address_space = limits.address_space_bytes
     if address_space is None and cgroup is None:  # no cgroup: the total is the only cap there is
         address_space = limits.total_memory_bytes
-    allowed = layout.allowed_paths(iso.interpreter)
+    allowed = allowed_paths(iso.interpreter)
     settings = (
         report_fd,
         cgroup or "-",
@@ -140,7 +140,7 @@ def _command(
         int(limits.timeout_s) + 1,
         limits.max_disk_bytes,
         os.pathsep.join(allowed),
-        layout.work_folder(allowed),
+        work_folder(allowed),
         iso.interpreter,
     )
     return [*iso.wrapper, sys.executable, "-I", "-S", "-c", _BOOTSTRAP, *map(str, settings)]

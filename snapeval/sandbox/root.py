@@ -1,4 +1,4 @@
-"""What a confined program sees of the machine: the allow-listed paths and its private folders."""
+"""A confined program's root: the allow-listed paths it sees of the machine and its private folders."""
 
 from __future__ import annotations
 
