@@ -30,14 +30,22 @@ from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from snapeval.cache import build_cache, install, method_class
-from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
+from snapeval.configs.root import declared_fields
+from snapeval.continuous import Answer, ContinuousBatcher, Request
 from snapeval.errors import SnapevalError
 from snapeval.generation import continuation_logprob
 from snapeval.models import attach_drafts, load_model, load_tokenizer, model_spec
-from snapeval.prompting import truncate_middle
-from snapeval.sampling import Sampling
+from snapeval.prompting import prompt_ids
+from snapeval.requests import RequestBuilder, sampling, stop_ids
 
-COMPRESSIONS = ("query_aware", "query_agnostic")
+CONFIG_FIELDS = {
+    "compression": "task.compression",
+    "batch_size": "run.batch_size",
+    "compile": "run.compile",
+    "dtype": "model.dtype",
+    "device": "model.device",
+}
+"""The config field whose values each model argument takes (its check is the field's)."""
 
 
 @register_model("snapstream")
@@ -66,10 +74,12 @@ class SnapStreamLM(LM):
                 f"unknown model argument(s) {', '.join(unknown)}; {method} takes {', '.join(accepted)}",
                 "model_args",
             )
-        if compression not in COMPRESSIONS:
-            raise SnapevalError(f"choose one of {', '.join(COMPRESSIONS)}", "compression")
+        # a bad choice fails before the model loads; dtype and device may be left to the model's config
+        given = {"compression": compression, "compile": compile, "dtype": dtype, "device": device}
+        for argument, value in given.items():
+            if value is not None or argument in ("compression", "compile"):
+                _check(argument, value)
         self.batch_size = _batch_size(batch_size)
-        check_compile(compile)  # a bad choice fails before the model loads
         self.cache_parameters = {"method": method, **cache_parameters}
         build_cache(self.cache_parameters)  # bad parameters fail before the model loads
         spec = model_spec(pretrained)
@@ -81,7 +91,15 @@ class SnapStreamLM(LM):
         self.tokenizer = load_tokenizer(spec)
         self.spec, self.compile = spec, compile
         self.max_length = int(max_length or spec.max_context)
-        self.compression, self.query_start = compression, query_start
+        agnostic = compression == "query_agnostic"
+        self.builder = RequestBuilder(
+            self.tokenizer,
+            self.max_length,
+            stop_ids(self.tokenizer.eos_token_id),
+            truncation="middle",
+            cut_ids=True,  # as LongBench's official pred.py, on the context's ids
+            query_start=query_start if agnostic else None,
+        )
 
     @functools.cached_property
     def model(self) -> PreTrainedModel:
@@ -109,19 +127,7 @@ class SnapStreamLM(LM):
 
     # --- helpers ---------------------------------------------------------------------------------
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def _splits(self, context: str) -> bool:
-        """Whether only the part of ``context`` before the query is compressed."""
-        return self.compression == "query_agnostic" and bool(self.query_start) and self.query_start in context
-
-    def _split(self, context: str) -> tuple[list[int], int | None]:
-        """Context ids and where compression happens: all of it, or up to the query."""
-        if self._splits(context):
-            cut = context.rfind(self.query_start)
-            head = self._encode(context[:cut])
-            return head + self._encode(context[cut:]), len(head)
-        return self._encode(context), None
+        return prompt_ids(self.tokenizer, text)
 
     def _cache(self):
         return build_cache(self.cache_parameters)
@@ -133,7 +139,7 @@ class SnapStreamLM(LM):
             context, continuation = request.args
             stripped = context.rstrip()
             continuation = context[len(stripped) :] + continuation  # whitespace belongs to the continuation
-            context_ids, compress_at = self._split(stripped)
+            context_ids, compress_at = self.builder.split(stripped)
             whole = self._encode(stripped + continuation)
             continuation_ids = whole[len(self._encode(stripped)) :] or self._encode(continuation)
             if not context_ids:
@@ -173,47 +179,13 @@ class SnapStreamLM(LM):
         return outputs
 
     def _request(self, index: int, args: tuple[str, dict]) -> Request:
+        """Request ``index`` of lm-eval's ``generate_until`` (its context and ``gen_kwargs``): the
+        context middle-truncated to leave ``max_gen_toks`` of the window, as LongBench's official pred.py."""
         context, gen_kwargs = args
         until = tuple(s for s in (gen_kwargs.get("until") or []) if s)
         max_new = int(gen_kwargs.get("max_gen_toks", 256))
-        ids, compress_at = self._prompt_ids(context, max_new)
-        sampling = Sampling(
-            do_sample=bool(gen_kwargs.get("do_sample", False)),
-            temperature=float(gen_kwargs.get("temperature") or 1.0),
-            top_p=float(gen_kwargs.get("top_p") or 1.0),
-            seed=int(gen_kwargs.get("seed") or 0) + index,
-        )
-        stops = frozenset({self.tokenizer.eos_token_id})
-        should_stop = self._stop_check(list(until))
-        return Request(
-            tuple(ids),
-            self.cache_parameters,
-            max_new,
-            sampling,
-            stops,
-            compress_at,
-            should_stop,
-            (index, until),
-        )
-
-    def _prompt_ids(self, context: str, max_new: int) -> tuple[list[int], int | None]:
-        """The context's ids, middle-truncated to leave ``max_new`` tokens of the window (as LongBench's
-        official pred.py), and where compression happens."""
-        context_ids, compress_at = self._split(context)
-        if len(context_ids) + max_new > self.max_length:
-            return truncate_middle(context_ids, self.max_length - max_new), None
-        return context_ids, compress_at
-
-    def _stop_check(self, until: list[str]):
-        if not until:
-            return None
-        window = max(len(self._encode(stop)) for stop in until) + 4
-
-        def should_stop(tokens: list[int]) -> bool:
-            tail = self.tokenizer.decode(tokens[-window:], skip_special_tokens=True)
-            return any(stop in tail for stop in until)
-
-        return should_stop
+        draw = sampling(gen_kwargs, int(gen_kwargs.get("seed") or 0) + index)
+        return self.builder.request(context, max_new, self.cache_parameters, draw, until, (index, until))
 
 
 def _batch_size(value: int | str) -> int:
@@ -226,6 +198,22 @@ def _batch_size(value: int | str) -> int:
         size = int(value)
     except ValueError:
         size = 0
-    if size <= 0:
-        raise SnapevalError(f"must be a positive integer or auto, got {value!r}", "batch_size")
+    if (takes := _takes("batch_size", size)) is not None:
+        raise SnapevalError(f"must be {takes} or auto, got {value!r}", "batch_size")
     return size
+
+
+def _check(argument: str, value: Any) -> None:
+    """Refuse a model argument's value that its config field would refuse."""
+    if (takes := _takes(argument, value)) is not None:
+        raise SnapevalError(f"must be {takes}, got {value!r}", argument)
+
+
+def _takes(argument: str, value: Any) -> str | None:
+    """What the config field of ``argument`` takes, when ``value`` is not one of them (else None)."""
+    return _field_checks()[CONFIG_FIELDS[argument]](value)
+
+
+@functools.cache
+def _field_checks() -> dict[str, Any]:
+    return {path: field.metadata["check"] for path, field in declared_fields()}

@@ -1,4 +1,7 @@
-"""Turn a task's chat messages into model input: fit the window, and mark where compression happens."""
+"""Turn a prompt into model input: fit the window, and mark where compression happens.
+
+A prompt is a task's chat messages, or a finished prompt text (lm-eval's contexts, encoded as they are).
+"""
 
 from __future__ import annotations
 
@@ -10,84 +13,107 @@ from snapeval.errors import SnapevalError
 from snapeval.models import encode_chat
 from snapeval.tasks.base import RAW_ROLE
 
-TRUNCATIONS = ("error", "middle")
+Messages = list[dict[str, str]]
+PromptInput = Messages | str
+"""Chat messages (a :data:`~snapeval.tasks.base.RAW_ROLE` message is a raw prompt), or a prompt text."""
 
 
 def fit_to_window(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], max_tokens: int, truncation: str
-) -> list[dict[str, str]]:
-    """Messages whose encoding takes at most ``max_tokens``.
+    tokenizer: PreTrainedTokenizerBase, prompt: PromptInput, max_tokens: int, truncation: str
+) -> PromptInput:
+    """The prompt, its encoding cut to at most ``max_tokens``.
 
-    ``middle`` drops tokens from the middle of the last message, keeping its head and tail as LongBench's
-    official ``pred.py`` does; ``error`` refuses a prompt that does not fit.
+    ``middle`` drops tokens from the middle of the last message (of the text), keeping its head and tail
+    as LongBench's official ``pred.py`` does; ``error`` refuses a prompt that does not fit.
     """
-    excess = len(prompt_ids(tokenizer, messages)) - max_tokens
+    excess = len(prompt_ids(tokenizer, prompt)) - max_tokens
     if excess <= 0:
-        return messages
+        return prompt
     if truncation != "middle":
-        raise SnapevalError(
-            f"a prompt is {excess} tokens longer than the model's window minus max_new_tokens; "
-            "shorten it or set task.truncation=middle",
-            "task.truncation",
-        )
-    content = tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"]
+        raise too_long(excess)
+    content = tokenizer(last_text(prompt), add_special_tokens=False)["input_ids"]
     keep = len(content) - excess
     if keep <= 1:
         raise SnapevalError(
             "the model's window cannot hold even the prompt's template", "task.max_new_tokens"
         )
     head, tail = content[: keep // 2], content[len(content) - (keep - keep // 2) :]
-    text = tokenizer.decode(head) + tokenizer.decode(tail)
-    return [*messages[:-1], {**messages[-1], "content": text}]
+    return with_last_text(prompt, tokenizer.decode(head) + tokenizer.decode(tail))
 
 
-def truncate_content(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], max_tokens: int
-) -> list[dict[str, str]]:
+def too_long(excess: int) -> SnapevalError:
+    """The error of a prompt ``excess`` tokens too long under ``task.truncation=error``."""
+    return SnapevalError(
+        f"a prompt is {excess} tokens longer than the model's window minus max_new_tokens; "
+        "shorten it or set task.truncation=middle",
+        "task.truncation",
+    )
+
+
+def truncate_content(tokenizer: PreTrainedTokenizerBase, prompt: PromptInput, max_tokens: int) -> PromptInput:
     """LongBench's ``pred.py`` budget: the last message's text, encoded as pred.py encodes it (special
     tokens included), keeps at most ``max_tokens`` tokens, cut in the middle and decoded without special
     tokens; the chat template comes around it afterwards."""
-    ids = tokenizer.encode(messages[-1]["content"])
+    ids = tokenizer.encode(last_text(prompt))
     if len(ids) <= max_tokens:
-        return messages
-    text = tokenizer.decode(truncate_middle(ids, max_tokens), skip_special_tokens=True)
-    return [*messages[:-1], {**messages[-1], "content": text}]
+        return prompt
+    return with_last_text(
+        prompt, tokenizer.decode(truncate_middle(ids, max_tokens), skip_special_tokens=True)
+    )
 
 
 def encode_with_split(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], query_start: str | None
+    tokenizer: PreTrainedTokenizerBase, prompt: PromptInput, query_start: str | None
 ) -> tuple[list[int], int | None]:
-    """Token ids of the chat prompt and, when ``query_start`` occurs in it, the index where the query
-    begins: the tokens before it are compressed at prefill, the query is appended after (query-agnostic)."""
+    """Token ids of the prompt and, when ``query_start`` occurs in it after its start, the index where the
+    query begins: the tokens before it are compressed at prefill, the query is appended after
+    (query-agnostic)."""
     if not query_start:
-        return prompt_ids(tokenizer, messages), None
-    text = prompt_text(tokenizer, messages)
+        return prompt_ids(tokenizer, prompt), None
+    text = prompt_text(tokenizer, prompt)
     cut = text.rfind(query_start)
     if cut <= 0:
-        return prompt_ids(tokenizer, messages), None
+        return prompt_ids(tokenizer, prompt), None
     context = tokenizer(text[:cut], add_special_tokens=False)["input_ids"]
     query = tokenizer(text[cut:], add_special_tokens=False)["input_ids"]
     return context + query, len(context)
 
 
-def is_raw(messages: list[dict[str, str]]) -> bool:
-    """Whether ``messages`` is one finished prompt text (a :data:`~snapeval.tasks.base.RAW_ROLE` message)."""
-    return len(messages) == 1 and messages[0]["role"] == RAW_ROLE
+def is_raw(prompt: PromptInput) -> bool:
+    """Whether ``prompt`` is one finished prompt text (a :data:`~snapeval.tasks.base.RAW_ROLE` message)."""
+    return not isinstance(prompt, str) and len(prompt) == 1 and prompt[0]["role"] == RAW_ROLE
 
 
-def prompt_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
-    """The prompt as text: the chat template around ``messages``, or a raw prompt as it is."""
-    if is_raw(messages):
-        return messages[0]["content"]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def prompt_text(tokenizer: PreTrainedTokenizerBase, prompt: PromptInput) -> str:
+    """The prompt as text: the chat template around the messages, or a raw prompt or text as it is."""
+    if isinstance(prompt, str):
+        return prompt
+    if is_raw(prompt):
+        return prompt[0]["content"]
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
 
-def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: PromptInput) -> list[int]:
     """Token ids of the prompt. A raw prompt is tokenized as vLLM tokenizes a text prompt (lcb_runner's
-    generation): with the tokenizer's special tokens, so a tokenizer that adds a BOS adds it again."""
-    if is_raw(messages):
-        return tokenizer(messages[0]["content"])["input_ids"]
-    return encode_chat(tokenizer, messages)
+    generation): with the tokenizer's special tokens, so a tokenizer that adds a BOS adds it again. A
+    text is tokenized as lm-eval's Hugging Face model tokenizes a context: without them."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if is_raw(prompt):
+        return tokenizer(prompt[0]["content"])["input_ids"]
+    return encode_chat(tokenizer, prompt)
+
+
+def last_text(prompt: PromptInput) -> str:
+    """The text a truncation cuts: the last message's content, or the whole text."""
+    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+
+
+def with_last_text(prompt: PromptInput, text: str) -> PromptInput:
+    """``prompt`` with :func:`last_text` replaced by ``text``."""
+    if isinstance(prompt, str):
+        return text
+    return [*prompt[:-1], {**prompt[-1], "content": text}]
 
 
 def truncate_middle(token_ids: Sequence[int], max_len: int) -> list[int]:

@@ -10,7 +10,6 @@ stored as one run per cache setting, exactly as those settings run one at a time
 from __future__ import annotations
 
 import sys
-import zlib
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -27,13 +26,11 @@ from snapeval.errors import SnapevalError
 from snapeval.grid import check_grid, grid_points, shares_prefill
 from snapeval.models import ModelSpec, attach_drafts, check_device, load_model, load_tokenizer
 from snapeval.preflight import check_drafts, check_shard
-from snapeval.prompting import encode_with_split, fit_to_window, truncate_content
 from snapeval.records import answer_text, sample_row
+from snapeval.requests import RequestBuilder, sample_seed, sampling, stop_ids
 from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
 from snapeval.results.leases import Lease
-from snapeval.sampling import Sampling
 from snapeval.sandbox import isolation
-from snapeval.stops import stop_check
 from snapeval.tasks import AnswerPass, Prompt, Task, load_task
 from snapeval.workers import ClaimingFeed, shard, stored_in, terminate_as_interrupt
 
@@ -79,10 +76,6 @@ def draws(prompts: list[Prompt], num_samples: int) -> list[Prompt]:
         for prompt in prompts
         for k in range(num_samples)
     ]
-
-
-def _sample_seed(seed: int, sample_id: str) -> int:
-    return seed * 1_000_003 + zlib.crc32(sample_id.encode())
 
 
 def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
@@ -201,33 +194,17 @@ def _evaluate(
     model = install(load_model(spec))
     tokenizer = load_tokenizer(spec)
     attach_drafts(model, tokenizer, [point.config["cache"] for point in points])
-    generation_cfg = cfg["generation"]
-    max_new_tokens = task.max_new_tokens
-    stop_ids = frozenset(_stop_ids(tokenizer.eos_token_id, model.generation_config.eos_token_id))
-    should_stop = stop_check(tokenizer, getattr(task, "stop", ()))  # the task's stop strings
-    encoded: dict[str | None, tuple[tuple[int, ...], int | None]] = {}
+    eos = model.generation_config.eos_token_id
+    builder = RequestBuilder.for_task(
+        tokenizer, task, spec.max_context, stop_ids(tokenizer.eos_token_id, eos)
+    )
+    stops = getattr(task, "stop", ())  # the task's stop strings
 
     def request(point: _Point, prompt: Prompt, messages, max_new: int, calls: list[Answer]) -> Request:
         # the draws and points of one problem share one encoding (and, in the batcher, one prefill)
-        key = str(prompt.metadata.get("problem", prompt.id)) if not calls else None
-        if key is None or key not in encoded:
-            if task.max_prompt_tokens:
-                messages = truncate_content(tokenizer, messages, task.max_prompt_tokens)
-            fitted = fit_to_window(tokenizer, messages, spec.max_context - max_new, task.truncation)
-            ids, compress_at = encode_with_split(tokenizer, fitted, task.query_start)
-            encoded.clear()
-            encoded[key] = (tuple(ids), compress_at)
-        ids, compress_at = encoded[key]
-        seed_key = f"{prompt.id}#answer" if calls else prompt.id
-        sampling = Sampling(
-            do_sample=generation_cfg["do_sample"],
-            temperature=generation_cfg["temperature"],
-            top_p=generation_cfg["top_p"],
-            seed=_sample_seed(cfg["seed"], seed_key),
-        )
-        cache = point.config["cache"]
-        tag = (point, prompt, calls)
-        return Request(ids, cache, max_new, sampling, stop_ids, compress_at, should_stop, tag)
+        seed = sample_seed(cfg["seed"], f"{prompt.id}#answer" if calls else prompt.id)
+        draw = sampling(cfg["generation"], seed)
+        return builder.request(messages, max_new, point.config["cache"], draw, stops, (point, prompt, calls))
 
     full_digest = _full_cache_digest(points[0].config)
     reference = {row["sample_id"]: row["output"] for row in db.samples_for(full_digest)}
@@ -273,7 +250,7 @@ def _evaluate(
     batcher = ContinuousBatcher(model, batch_size, cfg["run"]["compile"])
     for group in groups:
         queued = [
-            request(point, prompt, prompt.messages, max_new_tokens, [])
+            request(point, prompt, prompt.messages, task.max_new_tokens, [])
             for prompt in prompts
             for point in group
             if prompt.id in point.todo
@@ -294,14 +271,6 @@ def _evaluate(
 def _store(db: ResultsDB, point: _Point, row: dict[str, Any]) -> None:
     """Commit one scored sample to its point's run."""
     point.stored += db.add_sample(point.run_id, point.digest, row)
-
-
-def _stop_ids(*ids: int | list[int] | None) -> set[int]:
-    """Token ids that end generation: the tokenizer's and the generation config's EOS, flattened."""
-    flat: set[int] = set()
-    for value in ids:
-        flat.update(value if isinstance(value, list) else [value] if value is not None else [])
-    return flat
 
 
 def _summarize(point: _Point, rows: list[dict[str, Any]]) -> RunSummary:
