@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from snapeval.cli import one_line_errors
 from snapeval.errors import SnapevalError
 from snapeval.memory.estimate import estimate
 from snapeval.memory.report import render
@@ -20,7 +21,6 @@ USAGE = (
     "[hardware=sn40l] [batch=1] [tp=1] [budget=<tokens>] [method=<a method of snapeval.cache>] "
     "[kv_dtype=bf16] [weights_dtype=bf16]"
 )
-EXIT_USAGE = 2
 
 
 def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
@@ -41,19 +41,16 @@ def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
     return options
 
 
+@one_line_errors
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the estimate the arguments ask for; exit status 2 on bad input."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args in (["-h"], ["--help"]):
         print(USAGE)
         return 0
-    try:
-        options = parse_overrides(args)
-        hardware = options.pop("hardware", None) or DEFAULT_HARDWARE
-        print(render(estimate(options.pop("model"), hardware, **options)))
-    except SnapevalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    options = parse_overrides(args)
+    hardware = options.pop("hardware", None) or DEFAULT_HARDWARE
+    print(render(estimate(options.pop("model"), hardware, **options)))
     return 0
 
 

@@ -17,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from snapeval.config import compose_config
+from snapeval.cli import one_line_errors
+from snapeval.configs.compose import compose_config
 from snapeval.paths import LM_EVAL_TASKS_DIR
 from snapeval.tasks import task_class, task_names
 
@@ -68,6 +69,7 @@ def stale(directory: Path = LM_EVAL_TASKS_DIR) -> list[str]:
     ]
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report stale definitions (exit 1)")

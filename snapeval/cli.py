@@ -1,0 +1,76 @@
+"""What every snapeval command line shares.
+
+- A :class:`~snapeval.errors.SnapevalError` ends a command in one line on stderr, ``error: <field>:
+  <what>``, with exit code 2 (:data:`EXIT_BAD_INPUT`), never a traceback: :func:`one_line_errors`
+  wraps a ``main``, :func:`report` prints one error.
+- ``--db`` (:func:`add_db_option`): the results database, a path or SQLAlchemy URL, else
+  ``$SNAPEVAL_DB``, else ``results/snapeval.sqlite``. The commands that read it open it with
+  :func:`open_existing`, which never creates a database, nor changes a file that is not one.
+
+Standard library only at import: the front door refuses bad input before anything heavy loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ParamSpec
+
+from snapeval.errors import SnapevalError
+
+if TYPE_CHECKING:
+    from snapeval.results import ResultsDB
+
+EXIT_BAD_INPUT = 2
+DB_OPTION = "--db"
+
+P = ParamSpec("P")
+
+
+def error_line(error: BaseException) -> str:
+    """``error: <field>: <what>``, on one line whatever the message holds."""
+    return "error: " + " ".join(line.strip() for line in str(error).splitlines())
+
+
+def report(error: SnapevalError) -> int:
+    """Print ``error`` in one line on stderr; the exit code of bad input (2)."""
+    print(error_line(error), file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def one_line_errors(main: Callable[P, int]) -> Callable[P, int]:
+    """``main``, whose :class:`SnapevalError` is reported in one line and exits with code 2."""
+
+    @functools.wraps(main)
+    def command(*args: P.args, **kwargs: P.kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except SnapevalError as error:
+            return report(error)
+
+    return command
+
+
+def add_db_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--db``: the results database (``args.db``; None is ``$SNAPEVAL_DB`` or the default)."""
+    from snapeval.results.connect import DB_ENV_VAR, DEFAULT_DB
+
+    parser.add_argument(
+        DB_OPTION, help=f"database path or SQLAlchemy URL (default: ${DB_ENV_VAR}, else {DEFAULT_DB})"
+    )
+
+
+def open_existing(url: str | None, *, write: bool = False, field: str = DB_OPTION) -> ResultsDB:
+    """The snapeval database at ``url`` (see :func:`snapeval.results.database_url`), which must exist and
+    hold snapeval results; read-only unless ``write`` (``migrate``). A missing database is not created, a
+    file that is not one (empty, or another program's) is left as it is: a :class:`SnapevalError` on
+    ``field`` says so."""
+    from snapeval.results import ResultsDB
+
+    reader = ResultsDB(url, must_exist=True, writable=False, field=field)
+    if not write:
+        return reader
+    reader.close()
+    return ResultsDB(url, must_exist=True, field=field)
