@@ -23,11 +23,12 @@ def check_inputs(config: Mapping[str, Any]) -> None:
     """Every check that needs no model weights: cache parameters, task, data rows, shard, drafts."""
     from snapeval.tasks import load_task
 
-    task = load_task(config["task"], config["seed"])
+    limit = config["run"]["limit"]
+    task = load_task(config["task"], config["seed"], limit)
     if not task.needs_tokenizer:  # rows are read from a file (or the Hub): read them now
-        count = len(task.rows(None)[: config["run"]["limit"]])
+        count = len(task.rows(None)[:limit])
     else:  # generated: as many as asked for
-        count = config["run"]["limit"] or config["task"].get("num_prompts") or 1
+        count = limit or config["task"].get("num_prompts") or 1
     check_shard(count * config["generation"]["num_samples"], config["run"]["shard"])
 
     if config.get("grid") is None:  # a draft's name, before torch loads

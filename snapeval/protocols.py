@@ -9,12 +9,14 @@ named by :func:`changed_settings` and stored beside them (``protocol.changed``).
 
 from __future__ import annotations
 
+import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import yaml
 
+from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 
 
@@ -28,6 +30,33 @@ def preset_settings(name: str) -> dict[str, Any]:
         for path, value in _leaves(sections)
         if not (isinstance(value, str) and value.startswith("${"))
     }
+
+
+def check_task(config: Mapping[str, Any]) -> None:
+    """A preset belongs to its task(s) (``protocol.task``): refuse it with another task."""
+    protocol, task = config.get("protocol"), config.get("task")
+    if isinstance(protocol, Mapping) and isinstance(task, Mapping):
+        _belongs(str(protocol.get("name")), protocol.get("task"), task.get("name"))
+
+
+def check_task_choice(overrides: Sequence[str]) -> None:
+    """:func:`check_task` on a command line, before Hydra composes a preset's settings into another
+    task's (``+protocol=livecodebench_official task=ruler_passkey``)."""
+    chosen = dict(
+        match.groups() for o in overrides if (match := re.fullmatch(r"\+{0,2}(protocol|task)=([\w.-]+)", o))
+    )
+    preset = CONF_DIR / "protocol" / f"{chosen.get('protocol')}.yaml"
+    if "task" in chosen and preset.is_file():
+        protocol = (yaml.safe_load(preset.read_text()) or {}).get("protocol") or {}
+        _belongs(chosen["protocol"], protocol.get("task"), chosen["task"])
+
+
+def _belongs(name: str, tasks: Any, task: Any) -> None:
+    tasks = tasks if isinstance(tasks, list) else [tasks]
+    if task not in tasks:
+        raise SnapevalError(
+            f"{name} is a protocol of task {' or '.join(map(str, tasks))}, not of task {task}", "protocol"
+        )
 
 
 def changed_settings(config: Mapping[str, Any]) -> list[str]:

@@ -1,77 +1,124 @@
-"""`python -m snapeval` on bad input: one clear line, non-zero exit, no traceback."""
+"""`python -m snapeval` on bad input: one clear line naming the field, exit code 2, no traceback.
+
+The cases run in-process through the front door's checks (:func:`snapeval.__main__.check_before_hydra`,
+which the command runs before Hydra starts); the schema's cases run once more in one interpreter where
+torch cannot be imported, and one case as the real command, for its exit code and its single line.
+"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from snapeval.__main__ import check_before_hydra
+from snapeval.errors import SnapevalError
 
-def snapeval(*args: str, tmp_path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "snapeval", f"run.db={tmp_path / 'db.sqlite'}", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-
-
-HOSTILE = [
-    (["model=nonexistent"], "error: model: unknown option 'nonexistent'; choose one of"),
-    (["task=nonexistent"], "error: task: unknown option 'nonexistent'; choose one of aime24"),
-    (["cache=snapstream,nonexistent"], "error: cache: unknown option 'nonexistent'; choose one of full"),
-    (["seed=abc"], "error: seed: must be an integer >= 0, got 'abc'"),
+SCHEMA = [  # refused by the config's declarations, before torch loads
+    (["model=nonexistent"], "model: unknown option 'nonexistent'; choose one of"),
+    (["task=nonexistent"], "task: unknown option 'nonexistent'; choose one of aime24"),
+    (["cache=snapstream,nonexistent"], "cache: unknown option 'nonexistent'; choose one of full"),
+    (["seed=abc"], "seed: must be an integer >= 0, got 'abc'"),
+    (["seed=-1"], "seed: must be an integer >= 0, got -1"),
+    (["generation.temperature=abc"], "generation.temperature: must be a number in (0, 100], got 'abc'"),
+    (["generation.top_p=5"], "generation.top_p: must be a number in (0, 1], got 5.0"),
+    (["generation.do_sample=maybe"], "generation.do_sample: must be one of True, False, got 'maybe'"),
+    (["run.limit=true"], "run.limit: must be an integer >= 1 or null, got True"),
+    (["run.limit=0"], "run.limit: must be an integer >= 1 or null, got 0"),
+    (["run.limit=1.5"], "run.limit: must be an integer >= 1 or null, got 1.5"),
+    (["run.shard=4/4"], "run.shard: must be i/n with 0 <= i < n (say 0/4), or null, got '4/4'"),
+    (["run.compile=fast"], "run.compile: must be one of auto, on, off, got 'fast'"),
+    (["task.max_new_tokens=null"], "task.max_new_tokens: must be an integer >= 1, got None"),
+    (["task.context_length=-5"], "task.context_length: must be an integer >= 16, got -5"),
+    (["task.context_length=10000000"], "task.context_length: 10000000 tokens do not fit the model's"),
+    (["model.dtype=int4"], "model.dtype: must be one of auto, float32, bfloat16, float16, got 'int4'"),
+    (["+cache.budgt=5"], "cache.budgt: unknown key; full takes budget, method, ratio"),
     (
-        ["generation.temperature=abc"],
-        "error: generation.temperature: must be a number in (0, 100], got 'abc'",
+        ["+task.limt=1"],
+        "task.limt: unknown key; task ruler_passkey has context_length, kind, max_new_tokens, name,",
     ),
-    (["generation.top_p=5"], "error: generation.top_p: must be a number in (0, 1], got 5"),
-    (["run.limit=true"], "error: run.limit: must be an integer >= 1 or null, got True"),
-    (["run.limit=0"], "error: run.limit: must be an integer >= 1 or null, got 0"),
-    (["task.context_length=-5"], "error: task.context_length: must be an integer >= 16, got -5"),
-    (["task.context_length=10000000"], "error: task.context_length: 10000000 tokens do not fit the model's"),
-    (
-        ["+cache.budgt=5"],
-        "error: cache.budgt: unknown key; full takes budget, method, ratio",
-    ),
-    (["+task.limt=1"], "error: task.limt: unknown key; task ruler_passkey has context_length, kind, limit"),
-    (["task.contxt_length=5"], "error: task.contxt_length: no such key"),
-    (["+foo=1"], "error: foo: unknown key; the config has"),
-    (["model.device=cuda"], "error: model.device: CUDA is not available on this machine"),
+    (["task.contxt_length=5"], "task.contxt_length: unknown key; task has context_length, kind,"),
+    (["+foo=1"], "foo: unknown key; the config has cache, generation, grid, hardware, job, memory, model,"),
+    (["model.device=cuda"], "model.device: CUDA is not available on this machine"),
     (
         ["task=livecodebench", "task.metadata.start_date=notadate"],
-        "error: task.metadata.start_date: must be an ISO",
+        "task.metadata.start_date: must be an ISO date (2024-08-01) or null, got 'notadate'",
     ),
-    (["cache=snapstream", "cache.budget=50"], "error: cache.budget: must be an integer larger than"),
-    (["cache=snapkv", "cache.kernel=4"], "error: cache.kernel: must be a positive odd integer"),
-    (["cache=snapkv", "cache.pooling=median"], "error: cache.pooling: unknown pooling 'median'"),
     (
-        ["task=longbench_v2_cot", "task.answer_pass.prompt=snapeval.tasks.longbench_v2.nope"],
-        "error: task.answer_pass.prompt: cannot import 'snapeval.tasks.longbench_v2.nope'",
+        ["task=livecodebench", "+task.metadata.relase=v6"],
+        "task.metadata.relase: unknown key; task.metadata has code_extraction, data_path, end_date,",
     ),
     (
         ["task=longbench_v2_cot", "task.answer_pass.max_new_tokens=0"],
-        "error: task.answer_pass.max_new_tokens: must be a positive integer",
+        "task.answer_pass.max_new_tokens: must be an integer >= 1, got 0",
+    ),
+    (
+        ["+protocol=livecodebench_official", "task=ruler_passkey"],
+        "protocol: livecodebench_official is a protocol of task livecodebench, not of task ruler_passkey",
     ),
 ]
-SCHEMA_ERRORS = 16  # the first ones are refused by the schema, before torch loads
+ENGINE = [  # refused by the engine's or the task's own checks, still before any model loads
+    (["cache=snapstream", "cache.budget=50"], "cache.budget: must be an integer larger than"),
+    (["cache=snapkv", "cache.kernel=4"], "cache.kernel: must be a positive odd integer"),
+    (["cache=snapkv", "cache.pooling=median"], "cache.pooling: unknown pooling 'median'"),
+    (
+        ["task=longbench_v2_cot", "task.answer_pass.prompt=snapeval.tasks.longbench_v2.nope"],
+        "task.answer_pass.prompt: cannot import 'snapeval.tasks.longbench_v2.nope'",
+    ),
+]
 
 
-@pytest.mark.parametrize("args,expected", HOSTILE, ids=[" ".join(args) for args, _ in HOSTILE])
-def test_bad_config_fails_in_one_clear_line_with_exit_code_2(args, expected, tmp_path, torch_refused):
-    by_schema = HOSTILE.index((args, expected)) < SCHEMA_ERRORS  # checked before torch loads
-    result = snapeval(*args, tmp_path=tmp_path, env=torch_refused if by_schema else None)
-    assert result.returncode == 2
-    assert result.stderr.startswith(expected) and result.stderr.count("\n") == 1, result.stderr
-    if by_schema:
+def refusal(tmp_path: Path, args: list[str]) -> str:
+    with pytest.raises(SnapevalError) as info:
+        check_before_hydra([f"run.db={tmp_path / 'db.sqlite'}", *args])
+    return str(info.value)
+
+
+@pytest.mark.parametrize("args,expected", SCHEMA + ENGINE, ids=[" ".join(a) for a, _ in SCHEMA + ENGINE])
+def test_bad_config_is_refused_in_one_line_naming_the_field(args, expected, tmp_path):
+    message = refusal(tmp_path, args)
+    assert message.startswith(expected) and "\n" not in message, message
+    if (args, expected) in SCHEMA:
         assert not (tmp_path / "db.sqlite").exists()  # nothing started
 
 
-def test_an_empty_data_file_is_one_clear_line(tmp_path):
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    result = snapeval("task=aime24", f"task.metadata.data_path={empty}", tmp_path=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr == f"error: task.metadata.data_path: {empty} holds no rows\n"
+PROBE = """
+import json, sys
+from snapeval.__main__ import check_before_hydra
+from snapeval.errors import SnapevalError
+refused = []
+for args in json.loads(sys.argv[1]):
+    try:
+        check_before_hydra(args)
+    except SnapevalError as exc:
+        refused.append(str(exc))
+print(json.dumps(refused))
+"""
+
+
+def test_the_schema_refuses_before_torch_can_load(tmp_path, torch_refused):
+    """Every schema case, in an interpreter where ``import torch`` fails: none of them needed it."""
+    cases = [[f"run.db={tmp_path / 'db.sqlite'}", *args] for args, _ in SCHEMA]
+    probe = [sys.executable, "-c", PROBE, json.dumps(cases)]
+    result = subprocess.run(probe, capture_output=True, text=True, timeout=300, env=torch_refused)
+    assert result.returncode == 0, result.stderr
+    refused = json.loads(result.stdout)
+    expected = [message for _, message in SCHEMA]
+    assert [message[: len(prefix)] for message, prefix in zip(refused, expected, strict=True)] == expected
+
+
+def test_the_command_exits_2_with_one_line(tmp_path, torch_refused):
+    result = subprocess.run(
+        [sys.executable, "-m", "snapeval", f"run.db={tmp_path / 'db.sqlite'}", "generation.top_p=5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=torch_refused,
+    )
+    assert (result.returncode, result.stderr) == (
+        2,
+        "error: generation.top_p: must be a number in (0, 1], got 5.0\n",
+    )

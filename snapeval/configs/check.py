@@ -28,6 +28,7 @@ from snapeval.configs.root import Config
 from snapeval.configs.task import task_schema
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
+from snapeval.protocols import check_task
 
 GROUPS = ("task", "cache", "model", "memory", "hardware", "protocol", "exp")
 """Config groups a command line can choose from (``task=NAME``, ``+exp=NAME``)."""
@@ -44,7 +45,7 @@ def validate(overrides: list[str]) -> dict[str, Any]:
 def check(config: Mapping[str, Any]) -> None:
     """Refuse unknown keys and ill-typed or out-of-range values of a composed config, then values that do
     not fit together."""
-    _check_protocol(config)
+    check_task(config)
     typed(config)
     task, model = config["task"], config["model"]
     if str(model.get("device", "")).startswith("cuda") and no_gpu_here():
@@ -83,20 +84,6 @@ def typed(config: Mapping[str, Any]) -> Config:
 def _name(config: Mapping[str, Any], group: str, key: str) -> str:
     node = config.get(group)
     return str(node.get(key)) if isinstance(node, Mapping) else ""
-
-
-def _check_protocol(config: Mapping[str, Any]) -> None:
-    """A protocol preset (``+protocol=NAME``) belongs to one task: refuse it with another task."""
-    protocol, task = config.get("protocol"), config.get("task")
-    if not isinstance(protocol, Mapping) or not isinstance(task, Mapping):
-        return
-    tasks = protocol.get("task") if isinstance(protocol.get("task"), list) else [protocol.get("task")]
-    if task.get("name") not in tasks:
-        raise SnapevalError(
-            f"{protocol.get('name')} is a protocol of task {' or '.join(map(str, tasks))}, not of task "
-            f"{task.get('name')}",
-            "protocol",
-        )
 
 
 def no_gpu_here() -> bool:

@@ -26,6 +26,7 @@ from snapeval.configs.root import Config
 from snapeval.configs.store import register
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
+from snapeval.protocols import check_task_choice
 
 OMEGACONF_TYPES = {
     "Integer": "an integer",
@@ -39,6 +40,7 @@ def compose_config(*overrides: str) -> dict[str, Any]:
     """The resolved config of ``conf/config.yaml`` with Hydra ``overrides`` (old spellings rewritten,
     :mod:`snapeval.configs.legacy`), as a plain dict (:func:`plain`)."""
     overrides = tuple(legacy.rewrite(list(overrides)))
+    check_task_choice(overrides)
     register()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
