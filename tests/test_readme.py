@@ -1,4 +1,6 @@
-"""Every ``python -m snapeval ...`` command in the README composes into valid configs (docs never rot)."""
+"""The README says what the code does: every ``python -m snapeval ...`` command in it composes into the
+config it claims, and its numbered trace of ``+exp=aime_budget_sweep`` is what that sweep executes (measured
+by :mod:`tests.trace`), less the helpers named here with their reasons."""
 
 from __future__ import annotations
 
@@ -58,18 +60,138 @@ def test_readme_command_composes_to_what_it_says(arguments):
 
 
 TRACE_ITEM = re.compile(r"^\d+\. `([^`]+)`:", re.MULTILINE)
+HELPER = re.compile(r"`([\w./-]+)`")
+MAX_TRACE = 15
+
+#: What ``+exp=aime_budget_sweep`` executes that the README's numbered trace leaves out, by group:
+#: helpers the path calls into, not steps a reader follows, each with the reason (a name ending in ``/``:
+#: every file below it). The README names each of them, by group, in the paragraph after the list.
+HELPER_GROUPS: dict[str, dict[str, str]] = {
+    "start-up and configuration": {
+        "snapeval/lm_eval_plugin.py": "the start-up hook each interpreter runs (.pth): it waits for lm-eval",
+        "snapeval/paths.py": "where conf/ and tasks/ are",
+        "snapeval/errors.py": "the one error type",
+        "snapeval/cli.py": "one-line errors and the --db option of every command",
+        "conf/model/smollm2-135m.yaml": "the default model's settings (the sweep names no model)",
+        "conf/memory/default.yaml": "the memory estimator's settings, composed into every config",
+        "snapeval/configs/compose.py": "Hydra composition behind the check",
+        "snapeval/configs/legacy.py": "old key spellings rewritten before composing",
+        "snapeval/configs/store.py": "registers the declarations in Hydra's ConfigStore",
+        "snapeval/configs/root.py": "the declaration of the top-level groups",
+        "snapeval/configs/task.py": "the declaration of a task's fields",
+        "snapeval/configs/cache.py": "each method's parameters, defaults and checks",
+        "snapeval/configs/fields.py": "the setting() helper and its value checks",
+    },
+    "checks before the model loads": {
+        "snapeval/preflight.py": "checks of inputs, drafts and shards before torch loads",
+        "snapeval/protocols.py": "announces a named protocol (none in this sweep)",
+        "snapeval/batch_rows.py": "rows capped by requests and free memory",
+    },
+    "model, task, prompt": {
+        "snapeval/models.py": "loads the model and tokenizer, the chat template",
+        "snapeval/tasks/__init__.py": "the registry: a task name to its module",
+        "snapeval/tasks/base.py": "what every task declares, where rows come from; aime24's base class",
+        "snapeval/tasks/qwen_math_grader.py": "the scorer aime24 calls",
+        "snapeval/prompting.py": "text cut to the window, encoding, the query split: the request builder's",
+    },
+    "decoding": {
+        "snapeval/cache/": "the engine behind the batcher: attention, each method's selection, slots, rings",
+        "snapeval/continuous/compiled.py": "the compiled decode step (eager on CPU)",
+        "snapeval/continuous/prefills.py": "one prefill copied into its rows",
+        "snapeval/continuous/rows.py": "per-row sampling state and answers",
+        "snapeval/continuous/work.py": "the requests waiting for a row",
+        "snapeval/generation.py": "one forward step's logits and token",
+        "snapeval/sampling.py": "the counter-based sampler",
+        "snapeval/stops.py": "when an answer ends",
+        "snapeval/workers.py": "claims on samples shared with other workers",
+    },
+    "storing and reporting": {
+        "snapeval/results/connect.py": "opens the database",
+        "snapeval/results/leases.py": "the heartbeat that keeps claims alive",
+        "snapeval/results/summary.py": "the table's numbers, read back from the database",
+        "snapeval/stats.py": "intervals (Wilson) and pass@k",
+        "snapeval/tables.py": "the one table formatter",
+        "snapeval/sweep.py": "Hydra's callback for a sweep's table (a multirun's)",
+    },
+    "figures": {
+        "snapeval/figures/panels.py": "one panel per experiment, legends",
+        "snapeval/figures/style.py": "colours, markers, labels",
+        "snapeval/figures/sweeps.py": "a method's series over budgets, the x-dodge",
+        "snapeval/figures/heatmap.py": "another figure from the same rows (window x kernel)",
+        "snapeval/figures/kept.py": "another figure from the same rows (kept positions)",
+        "snapeval/figures/memory.py": "another figure from the same rows (accuracy vs memory)",
+        "snapeval/figures/traces.py": "another figure from the same rows (traces vs budget)",
+    },
+}
+LEAF_HELPERS: dict[str, str] = {name: why for group in HELPER_GROUPS.values() for name, why in group.items()}
 
 
-def test_the_readme_traces_a_sweep_through_at_most_12_files_that_exist():
-    """The layout section's trace from config to figure names real files, the task module that serves
-    aime24 among them, and no more than 12 of them."""
-    from snapeval.tasks import task_class
+def readme_trace() -> list[str]:
+    """The files of the README's numbered trace, in order."""
+    return TRACE_ITEM.findall(README.read_text().split("## Layout", 1)[1])
 
-    section = README.read_text().split("## Layout", 1)[1]
-    files = TRACE_ITEM.findall(section)
-    assert 9 <= len(files) <= 12, files
-    root = CONF_DIR.parent
-    assert all((root / name).is_file() for name in files), [n for n in files if not (root / n).is_file()]
-    serving = task_class("aime24").__module__.replace(".", "/") + ".py"
-    assert serving in files
-    assert "conf/exp/aime_budget_sweep.yaml" in files
+
+def readme_helpers() -> set[str]:
+    """The names in backticks of the paragraph after the numbered trace (the helpers it leaves out)."""
+    after = README.read_text().split("## Layout", 1)[1].split("\n\n")
+    numbered = next(i for i, paragraph in enumerate(after) if TRACE_ITEM.search(paragraph))
+    return set(HELPER.findall(after[numbered + 1]))
+
+
+def helper_of(name: str, helpers: dict[str, str]) -> str | None:
+    """The entry of ``helpers`` that covers file ``name`` (itself, or a folder above it), if any."""
+    return next((h for h in helpers if name == h or (h.endswith("/") and name.startswith(h))), None)
+
+
+def trace_difference(listed: list[str], executed: list[str], helpers: dict[str, str]) -> dict[str, list[str]]:
+    """How a listed trace differs from the executed files less ``helpers``: files that ran but are
+    neither listed nor helpers, listed files that did not run or are helpers, files listed twice, and
+    helpers that cover nothing that ran."""
+    path = [name for name in executed if helper_of(name, helpers) is None]
+    return {
+        "ran, not listed": sorted(set(path) - set(listed)),
+        "listed, did not run": sorted(set(listed) - set(executed)),
+        "listed and a helper": sorted(name for name in listed if helper_of(name, helpers)),
+        "listed twice": sorted({name for name in listed if listed.count(name) > 1}),
+        "helper that did not run": sorted(
+            h for h in helpers if not any(helper_of(n, {h: ""}) for n in executed)
+        ),
+    }
+
+
+def test_the_trace_comparison_finds_every_kind_of_difference():
+    executed = ["snapeval/a.py", "snapeval/b.py", "snapeval/cache/x.py", "snapeval/cache/y.py"]
+    helpers = {"snapeval/cache/": "the engine", "snapeval/gone.py": "no longer runs"}
+    assert trace_difference(
+        ["snapeval/b.py", "snapeval/b.py", "snapeval/cache/x.py", "snapeval/c.py"], executed, helpers
+    ) == {
+        "ran, not listed": ["snapeval/a.py"],
+        "listed, did not run": ["snapeval/c.py"],
+        "listed and a helper": ["snapeval/cache/x.py"],
+        "listed twice": ["snapeval/b.py"],
+        "helper that did not run": ["snapeval/gone.py"],
+    }
+    assert not any(
+        trace_difference(["snapeval/a.py", "snapeval/b.py"], executed, {"snapeval/cache/": ""}).values()
+    )
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    from .trace import measure
+
+    return measure(tmp_path_factory.mktemp("trace"))
+
+
+def test_the_readme_traces_exactly_what_the_sweep_executes_less_the_named_helpers(executed):
+    """``+exp=aime_budget_sweep`` (one problem, a tiny random model) and its figures, run under a trace:
+    the README's numbered list is every file that ran, less :data:`LEAF_HELPERS`, each once."""
+    listed = readme_trace()
+    assert len(listed) <= MAX_TRACE, listed
+    difference = trace_difference(listed, list(executed), LEAF_HELPERS)
+    assert not any(difference.values()), {kind: names for kind, names in difference.items() if names}
+    assert "snapeval/tasks/aime24.py" in listed and "conf/exp/aime_budget_sweep.yaml" in listed
+
+
+def test_the_readme_names_every_helper_the_trace_leaves_out():
+    assert readme_helpers() >= set(LEAF_HELPERS), sorted(set(LEAF_HELPERS) - readme_helpers())
