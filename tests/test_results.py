@@ -2,13 +2,15 @@ import math
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from sqlalchemy import select
 
-from snapeval.results import DEFAULT_DB, ResultsDB, config_hash, database_url, load, summarize
+from snapeval.results import DB_ENV_VAR, DEFAULT_DB, ResultsDB, config_hash, database_url, load, summarize
+from snapeval.results.__main__ import main as results_main
 from snapeval.results.schema import runs
 
 # Writes samples first..first+count-1 of a config, says so, then finishes its run or hangs.
@@ -32,10 +34,17 @@ def writer(db: Path, config_hash: str, first: int, count: int, then: str = "fini
     return subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "snapeval.results", *args], cwd=cwd, capture_output=True, text=True, timeout=60
-    )
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys) -> Callable[..., tuple[int, str, str]]:
+    """``python -m snapeval.results <args>`` run in ``tmp_path``, in process: exit code, stdout, stderr."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(DB_ENV_VAR, raising=False)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = results_main(list(args))
+        return code, *capsys.readouterr()
+
+    return run
 
 
 @pytest.fixture
@@ -201,7 +210,7 @@ def test_summarize_per_experiment():
     assert math.isnan(snapkv["decode_tok_s"])
 
 
-def test_cli_summary_and_export(tmp_path, config):
+def test_cli_summary_and_export(tmp_path, config, cli):
     digest = config_hash(config)
     with ResultsDB(tmp_path / DEFAULT_DB) as db:
         run_id = db.start_run(config, digest)
@@ -209,9 +218,9 @@ def test_cli_summary_and_export(tmp_path, config):
             db.add_sample(run_id, digest, sample(sample_id, score, target=["x"], decode_s=1.0))
         db.finish_run(run_id)
 
-    summary = cli("summary", cwd=tmp_path)
-    assert summary.returncode == 0, summary.stderr
-    header, _, row = summary.stdout.splitlines()
+    code, out, err = cli("summary")
+    assert code == 0, err
+    header, _, row = out.splitlines()
     cells = dict(zip(header.split("|"), row.split("|"), strict=True))
     assert {name.strip(): value.strip() for name, value in cells.items() if name} == {
         "model": "smollm2-135m",
@@ -229,22 +238,22 @@ def test_cli_summary_and_export(tmp_path, config):
         "decode tok/s": "0.0",
     }
 
-    export = cli("export", "--csv", "out/samples.csv", "--db", str(tmp_path / DEFAULT_DB), cwd=tmp_path)
-    assert export.returncode == 0, export.stderr
+    code, out, err = cli("export", "--csv", "out/samples.csv", "--db", str(tmp_path / DEFAULT_DB))
+    assert (code, out) == (0, "wrote 4 samples to out/samples.csv\n"), err
     exported = pd.read_csv(tmp_path / "out" / "samples.csv")
     assert exported["score"].tolist() == [1.0, 1.0, 1.0, 0.0]
     assert exported["target"].tolist() == ['["x"]'] * 4
     assert exported["cache.budget"].tolist() == [256] * 4
 
 
-def test_cli_without_a_database_says_so_in_one_line(tmp_path):
-    missing = cli("summary", cwd=tmp_path)
-    assert missing.returncode == 2
-    assert missing.stderr == f"error: --db: no results database at {DEFAULT_DB}; run python -m snapeval first\n"
+def test_cli_without_a_database_says_so_in_one_line(tmp_path, cli):
+    code, out, err = cli("summary")
+    assert (code, out) == (2, "")
+    assert err == f"error: --db: no results database at {DEFAULT_DB}; run python -m snapeval first\n"
     assert not (tmp_path / DEFAULT_DB).exists()
 
 
-def test_summary_never_pools_experiments_that_differ_outside_the_aliases(tmp_path, config):
+def test_summary_never_pools_experiments_that_differ_outside_the_aliases(tmp_path, config, cli):
     """Three runs differing only in sampling: three rows of n=2, the differing column shown; a fourth
     run with the same config as the first (another limit) joins its row."""
     with ResultsDB(tmp_path / DEFAULT_DB) as db:
@@ -268,5 +277,5 @@ def test_summary_never_pools_experiments_that_differ_outside_the_aliases(tmp_pat
     assert list(table["generation.temperature"]) == [0.2, 0.6, 1.0]
     assert list(table["n"]) == [3, 2, 2] and list(table["accuracy"]) == pytest.approx([2 / 3, 0.5, 0.0])
     assert "run.limit" not in table and "generation.do_sample" not in table  # same hash / same value
-    printed = cli("summary", cwd=tmp_path).stdout
+    printed = cli("summary")[1]
     assert "generation.temperature" in printed and len(printed.strip().splitlines()) == 2 + 3
