@@ -11,12 +11,17 @@ from snapeval.figures import (
     NothingToDraw,
     accuracy_vs_budget,
     accuracy_vs_memory,
+    budget,
+    kept,
     kept_positions,
     kept_series,
     main,
+    memory,
     pareto_front,
+    traces,
     window_kernel_heatmap,
 )
+from snapeval.figures.panels import PANEL_SIZE
 from snapeval.results import ResultsDB, config_hash
 
 N = 16
@@ -166,3 +171,69 @@ def test_kept_positions_average_the_settings_of_a_budget_and_keep_their_spread()
     np.testing.assert_allclose(small.mean, [0.65, 0.45])  # window 8: [0.9, 0.3] (two samples); 16: [0.4, 0.6]
     np.testing.assert_allclose(small.low, [0.4, 0.3])
     np.testing.assert_allclose(small.high, [0.9, 0.6])
+
+
+#: Each figure with a legend, drawn without saving.
+DRAW = {
+    "accuracy_vs_budget": budget.draw,
+    "accuracy_vs_memory": memory.draw,
+    "kept_positions": kept.draw,
+    "traces_vs_budget": traces.draw,
+}
+
+
+@pytest.fixture(scope="module")
+def coinciding(tmp_path_factory):
+    """One task: the full cache, and SnapKV and SnapStream with the same scores and traces at 3 budgets."""
+    with ResultsDB(tmp_path_factory.mktemp("db") / "results.sqlite") as db:
+        store(db, "ruler_passkey", {"method": "full"}, 0.9, np.random.default_rng(0))
+        for cache in (snapkv, snapstream):
+            rng = np.random.default_rng(1)  # the same draws: the same scores
+            for budget in (128, 256, 512):
+                store(db, "ruler_passkey", cache(budget), budget / 600, rng)
+        return db.dataframe()
+
+
+@pytest.mark.parametrize("name", ["accuracy_vs_budget", "traces_vs_budget"])
+def test_coinciding_series_are_drawn_apart(name, coinciding):
+    fig = DRAW[name](coinciding)
+    fig.draw_without_rendering()
+    for ax in fig.axes:
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        snap_kv, snap_stream = lines["SnapKV"], lines["SnapStream"]
+        np.testing.assert_array_equal(snap_kv.get_ydata(), snap_stream.get_ydata())  # they coincide
+        assert snap_kv.get_marker() != snap_stream.get_marker()
+        # get_linestyle() says "--" for every dash pattern; the pattern drawn is (offset, on-off lengths)
+        assert snap_kv._unscaled_dash_pattern != snap_stream._unscaled_dash_pattern
+        ticks = ax.get_xticks().tolist()
+        assert ticks == [128, 256, 512]
+        for line in (snap_kv, snap_stream):  # each point beside its budget's tick, nearer it than the next
+            x = np.asarray(line.get_xdata(), dtype=float)
+            assert np.all(np.abs(np.log2(x / ticks)) < 0.25) and not np.allclose(x, ticks)
+        points = [ax.transData.transform(np.column_stack(line.get_data())) for line in (snap_kv, snap_stream)]
+        apart = np.linalg.norm(points[0] - points[1], axis=1)
+        marker = snap_kv.get_markersize() * fig.dpi / 72  # pixels
+        assert np.all(apart >= marker), f"points {apart} px apart, markers {marker:.1f} px wide"
+
+
+@pytest.mark.parametrize("name", DRAW)
+@pytest.mark.parametrize("tasks", [["ruler_passkey"], ["ruler_passkey", "ruler_niah_single"]])
+def test_the_legend_fits_the_figure_below_the_panels(name, tasks, samples):
+    fig = DRAW[name](samples[samples["task"].isin(tasks)])
+    fig.draw_without_rendering()
+    (legend,) = fig.legends
+    box = legend.get_window_extent()
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_window_extent()), f"the legend covers panel {ax.get_title()!r}"
+        assert not box.overlaps(ax.get_tightbbox()), f"the legend covers the labels of {ax.get_title()!r}"
+        assert box.y1 < ax.get_tightbbox().y0  # below
+
+
+def test_a_legend_wider_than_one_panel_wraps_and_the_panel_keeps_its_size(samples, tmp_path):
+    one_task = samples[samples["task"] == "ruler_passkey"]
+    _, png = accuracy_vs_memory(one_task, tmp_path)  # five entries: more than one row fits one panel
+    width, height = (int.from_bytes(png.read_bytes()[offset : offset + 4], "big") for offset in (16, 20))
+    dpi, pad = 300, 2 * 0.02 * 300
+    assert PANEL_SIZE[0] * dpi * 0.9 <= width <= PANEL_SIZE[0] * dpi + pad
+    assert height > PANEL_SIZE[1] * dpi  # the legend's rows are added below the panel
