@@ -21,16 +21,23 @@ from snapeval.protocols import changed_settings
 #: The random number generator of sampled answers (:mod:`snapeval.sampling`), stored with sampled runs.
 SAMPLER = "counter-hash-v1"
 
+#: Hydra's own node: a reserved key, never a config field, never stored nor hashed.
+HYDRA = "hydra"
+
 #: Dotted config keys never stored with a result (``setting(stored=False)``): which job ran, how a run
 #: executes (``run``, but for the shard a worker ran), the grid (each point is stored as its own config)
 #: and the memory estimator's settings.
-NOT_STORED: tuple[str, ...] = tuple(path for path, item in declared_fields() if not item.metadata["stored"])
+NOT_STORED: tuple[str, ...] = (
+    HYDRA,
+    *(path for path, item in declared_fields() if not item.metadata["stored"]),
+)
 
 #: Dotted config keys stored but left out of :func:`config_hash` (``setting(hashed=False)``): they name
 #: or slice a run without changing what a sample's result is (the ``run`` group, the model's
 #: ``hub_id`` and ``prompt_style``, which acts as the ``task.prompt_style`` it sets, ``num_prompts``).
-UNHASHED: tuple[str, ...] = tuple(
-    path for path, item in declared_fields() if item.metadata["stored"] and not item.metadata["hashed"]
+UNHASHED: tuple[str, ...] = (
+    HYDRA,
+    *(path for path, item in declared_fields() if item.metadata["stored"] and not item.metadata["hashed"]),
 )
 
 #: Optional nodes stored only when set (``setting(when_set=True)``): ``protocol``, ``model.config_overrides``.
