@@ -100,12 +100,13 @@ def task_label(config: Mapping[str, Any]) -> str:
 
 
 def render(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> str:
-    """``rows`` (a mapping per row, or a DataFrame) as a GitHub-style table: a missing value as ``-``,
-    a float that is a whole number as one (a budget of 256, not 256.0), columns of numbers right-aligned."""
+    """``rows`` (a mapping per row, or a DataFrame) as a GitHub-style table with the columns of every row:
+    a missing value as ``-``, a float that is a whole number as one (a budget of 256, not 256.0),
+    columns of numbers right-aligned."""
     records = rows.to_dict("records") if hasattr(rows, "to_dict") else list(rows)
     if not records:
         return ""
-    headers = list(records[0])
+    headers = list(dict.fromkeys(key for record in records for key in record))  # every row's, in order
     table = [[_cell(record.get(header)) for header in headers] for record in records]
     align = ["right" if all(map(_numeric, column)) else "left" for column in zip(*table, strict=True)]
     return tabulate(table, headers=headers, tablefmt="github", disable_numparse=True, colalign=align)
@@ -114,12 +115,13 @@ def render(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> str:
 def run_table(summaries: Sequence[RunSummary]) -> str:
     """The run's table, a row per cache setting: what ran, accuracy with its 95% CI, pass@k and n, how
     many samples were new, KV memory and speed; and a note when other workers hold some samples."""
+    at_k = dict.fromkeys(key for summary in summaries for key in summary.pass_at)  # a grid's draws may differ
     rows = [
         {
             "model": summary.config["model"]["name"],
             "task": task_label(summary.config),
             "cache": cache_label(summary.config["cache"]),
-            **numbers({**vars(summary), **summary.pass_at}, RUN_COLUMNS),
+            **numbers({**vars(summary), **{key: summary.pass_at.get(key) for key in at_k}}, RUN_COLUMNS),
         }
         for summary in summaries
     ]

@@ -177,15 +177,15 @@ def test_run_table(capsys):
     full = {"model": {"name": "smollm2-135m"}, "task": {"name": "aime24"}, "cache": {"method": "full"}}
     sampled = {**CONFIG, "protocol": {"name": "deepseek_r1"}}
     summaries = [
-        run_summary(full, {**summary_of(SAMPLES), "pass@2": 0.875}, computed=4),
-        run_summary(sampled, {**summary_of(SAMPLES[:1]), "pass@2": math.nan}, computed=0, elsewhere=3),
+        run_summary(full, summary_of(SAMPLES), computed=4),  # one draw per prompt: no pass@k
+        run_summary(sampled, {**summary_of(SAMPLES[:1]), "pass@2": 0.875}, computed=0, elsewhere=3),
     ]
     assert run_table(summaries) == "\n".join(
         [
             "| model        | task                        | cache                         |   accuracy | 95% CI         |   pass@2 |   n |   new |   KV MiB |   prefill s |   decode tok/s |",  # noqa: E501
             "|--------------|-----------------------------|-------------------------------|------------|----------------|----------|-----|-------|----------|-------------|----------------|",  # noqa: E501
-            "| smollm2-135m | aime24                      | full                          |      0.750 | [0.301, 0.954] |    0.875 |   4 |     4 |      1.5 |        0.25 |           16.0 |",  # noqa: E501
-            "| smollm2-135m | ruler_passkey (deepseek_r1) | snapkv(budget=256, window=32) |      1.000 | [0.207, 1.000] |        - |   1 |     0 |      1.5 |        0.25 |           16.0 |",  # noqa: E501
+            "| smollm2-135m | aime24                      | full                          |      0.750 | [0.301, 0.954] |        - |   4 |     4 |      1.5 |        0.25 |           16.0 |",  # noqa: E501
+            "| smollm2-135m | ruler_passkey (deepseek_r1) | snapkv(budget=256, window=32) |      1.000 | [0.207, 1.000] |    0.875 |   1 |     0 |      1.5 |        0.25 |           16.0 |",  # noqa: E501
             "3 sample(s) were claimed by other workers on the same point(s): see their output, or python -m "
             "snapeval.results summary once they finish",
         ]
