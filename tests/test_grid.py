@@ -3,11 +3,13 @@
 * Every member of a grid holds bit for bit the keys, values and positions its cache holds when it
   prefills the prompt alone, for all four methods over budgets, windows, kernels, poolings and GQA
   reductions, with and without a query appended after compression; the logits are those of the plain path.
-* In the continuous batcher, requests that differ only in cache settings share one prefill call and
-  answer exactly as each request alone.
+* In the continuous batcher, requests that differ only in cache settings share one prefill call, also
+  when the rows are fewer than the settings, and answer exactly as each request alone (greedy and sampled).
 * In the runner, every point of a grid is stored exactly as that point run alone (same config hash,
   outputs, scores, KV bytes, kept positions, fidelity), shared or not; an interrupted grid resumes with
   nothing lost and nothing computed twice; a malformed grid is rejected naming its field.
+
+All on a tiny random-weight Llama (tests/conftest.py): equality of paths needs no trained weights.
 """
 
 from __future__ import annotations
@@ -17,18 +19,17 @@ from datetime import datetime
 import pytest
 import torch
 
-from snapeval import continuous, runner
+from snapeval import runner
 from snapeval.cache import build_cache
 from snapeval.cache.grid import CacheGrid
-from snapeval.continuous import ContinuousBatcher, Request
+from snapeval.continuous import ContinuousBatcher, Request, prefills
 from snapeval.errors import SnapevalError
 from snapeval.generation import append_logits, generate, prefill_logits
 from snapeval.grid import grid_points
-from snapeval.models import encode_chat
 from snapeval.results import ResultsDB
 from snapeval.sampling import Sampling
 
-from .conftest import compose_config
+from .conftest import TINY_VOCAB, compose_config
 
 SETTINGS = [
     {"method": "full"},
@@ -44,13 +45,14 @@ SETTINGS = [
     {"method": "sage_kv", "budget": 96, "sinks": 4, "recent": 16},
     {"method": "sage_kv", "budget": 80, "sinks": 2, "recent": 24, "window": 8},
 ]
-NOTES = " ".join(f"Note {n}: the code of box {n} is {1000 + 37 * n}." for n in range(40))
+STOP = 7  # a token the random model may draw: a request can end early
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def prompt(smollm) -> list[int]:
-    question = "Which code does box 17 have? Answer with the number."
-    return encode_chat(smollm.tokenizer, [{"role": "user", "content": f"{NOTES}\n{question}"}])
+def prompt() -> list[int]:
+    return torch.randint(3, TINY_VOCAB, (300,), generator=torch.Generator().manual_seed(1)).tolist()
 
 
 def assert_same_cache(member, alone) -> None:
@@ -68,45 +70,47 @@ def assert_same_cache(member, alone) -> None:
 
 @pytest.mark.parametrize("query_tokens", [0, 12], ids=["whole-prompt", "query-appended"])
 @torch.no_grad()
-def test_every_grid_member_holds_what_its_cache_holds_alone(smollm, prompt, query_tokens):
+def test_every_grid_member_holds_what_its_cache_holds_alone(tiny_llama, prompt, query_tokens):
     split = len(prompt) - query_tokens
     members = [build_cache(setting) for setting in SETTINGS]
-    shared = prefill_logits(smollm.model, prompt[:split], CacheGrid(members))
+    shared = prefill_logits(tiny_llama, prompt[:split], CacheGrid(members))
     for setting, member in zip(SETTINGS, members, strict=True):
         alone = build_cache(setting)
-        assert torch.equal(prefill_logits(smollm.model, prompt[:split], alone), shared)
+        assert torch.equal(prefill_logits(tiny_llama, prompt[:split], alone), shared)
         assert_same_cache(member, alone)
         if query_tokens:
-            expected = append_logits(smollm.model, prompt[split:], alone)
-            assert torch.equal(append_logits(smollm.model, prompt[split:], member), expected), setting
+            expected = append_logits(tiny_llama, prompt[split:], alone)
+            assert torch.equal(append_logits(tiny_llama, prompt[split:], member), expected), setting
             assert_same_cache(member, alone)
     compressed = [m for m in members if m.method != "full"]
     assert all(m.kv_bytes() < members[0].kv_bytes() for m in compressed)  # the prompt was compressed
+    kept = {tuple(m.kept_positions(0)[0].flatten().tolist()) for m in compressed}
+    assert len(kept) > 4  # the settings keep different tokens
 
 
-def test_a_grid_serves_one_prefill_only(smollm, prompt):
+def test_a_grid_serves_one_prefill_only(tiny_llama, prompt):
     grid = CacheGrid([build_cache({"method": "full"})])
-    prefill_logits(smollm.model, prompt, grid)
+    prefill_logits(tiny_llama, prompt, grid)
     with pytest.raises(SnapevalError, match="one prefill"):
-        prefill_logits(smollm.model, prompt[-2:], grid)
+        prefill_logits(tiny_llama, prompt[-2:], grid)
 
 
-def test_requests_of_one_prompt_share_one_prefill_and_answer_as_alone(smollm, prompt, monkeypatch):
+def test_requests_of_one_prompt_share_one_prefill_and_answer_as_alone(tiny_llama, prompt, monkeypatch):
     calls = []
-    real = continuous.prefill_logits
-    monkeypatch.setattr(continuous, "prefill_logits", lambda *a: calls.append(a[2]) or real(*a))
-    stops = frozenset({smollm.tokenizer.eos_token_id})
+    real = prefills.prefill_logits
+    monkeypatch.setattr(prefills, "prefill_logits", lambda *a: calls.append(a[2]) or real(*a))
+    stops = frozenset({STOP})
     requests = [
         Request(tuple(prompt), setting, 24, Sampling(index % 3 == 2, 0.8, 0.95, seed=5), stops, tag=index)
         for index, setting in enumerate(SETTINGS)
     ]
     got = {}
-    ContinuousBatcher(smollm.model, rows=4).run(requests, lambda a: got.__setitem__(a.request.tag, a))
-    assert len(calls) == 1 and isinstance(calls[0], CacheGrid)  # ten settings, one prefill
-    assert len({answer.prefill_s for answer in got.values()}) == 1  # its seconds split ten ways
+    ContinuousBatcher(tiny_llama, rows=4).run(requests, lambda a: got.__setitem__(a.request.tag, a))
+    assert len(calls) == 1 and isinstance(calls[0], CacheGrid)  # twelve settings, one prefill
+    assert len({answer.prefill_s for answer in got.values()}) == 1  # its seconds split twelve ways
     for request in requests:
         reference = generate(
-            smollm.model,
+            tiny_llama,
             list(request.prompt_ids),
             build_cache(request.cache),
             request.max_new_tokens,
@@ -121,14 +125,22 @@ def test_requests_of_one_prompt_share_one_prefill_and_answer_as_alone(smollm, pr
 
 GRID = (
     "grid={cache: [full, streaming_llm, snapkv, snapstream],"
-    " params: {budget: [192, 320], window: [8, 16], kernel: [3, 7], pooling: [max, avg], ring: 32}}"
+    " params: {budget: [192, 320], kernel: [3, 7], ring: 32}}"
 )
+POINTS = 1 + 2 + 4 + 4  # full and streaming_llm ignore the kernel
 TASK = ("task=ruler_niah_single", "task.context_length=512", "run.limit=2", "task.max_new_tokens=12")
 COMPARED = ("output", "score", "kv_bytes", "prompt_tokens", "generated_tokens", "target")
 
 
-def composed(tmp_path, *overrides):
-    return compose_config(f"run.db={tmp_path / 'db.sqlite'}", "run.progress=false", *TASK, *overrides)
+@pytest.fixture(scope="module")
+def composed(tiny_llama_overrides):
+    """The config of a run on the tiny Llama with its database in ``tmp_path``, then ``overrides``."""
+
+    def compose(tmp_path, *overrides):
+        db = f"run.db={tmp_path / 'db.sqlite'}"
+        return compose_config(db, "run.progress=false", *tiny_llama_overrides, *TASK, *overrides)
+
+    return compose
 
 
 def stored_rows(path) -> dict[tuple[str, str], dict]:
@@ -152,7 +164,7 @@ def same_rows(ours: dict, theirs: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def alone(smollm, tmp_path_factory) -> dict:
+def alone(composed, tmp_path_factory) -> dict:
     """Every point of GRID run on its own, the full cache first (its outputs are the fidelity reference)."""
     tmp_path = tmp_path_factory.mktemp("alone")
     for point in grid_points(composed(tmp_path, GRID)):
@@ -160,14 +172,14 @@ def alone(smollm, tmp_path_factory) -> dict:
     return stored_rows(tmp_path / "db.sqlite")
 
 
-def test_every_grid_point_is_stored_as_that_point_run_alone(smollm, tmp_path, alone, monkeypatch):
-    """All four methods over budget x window x kernel x pooling: one prefill per prompt, and every
+def test_every_grid_point_is_stored_as_that_point_run_alone(composed, tmp_path, alone, monkeypatch):
+    """All four methods over budget x kernel: one prefill per prompt, and every
     point's outputs, scores, KV bytes, kept positions, traces and fidelity equal its run alone."""
     calls = []
-    real = continuous.prefill_logits
-    monkeypatch.setattr(continuous, "prefill_logits", lambda *a: calls.append(a[2]) or real(*a))
+    real = prefills.prefill_logits
+    monkeypatch.setattr(prefills, "prefill_logits", lambda *a: calls.append(a[2]) or real(*a))
     summaries = runner.run(composed(tmp_path, GRID))
-    assert len(summaries) == 1 + 2 + 16 + 16  # full and streaming_llm ignore window, kernel, pooling
+    assert len(summaries) == POINTS
     assert len(calls) == 2  # two prompts, one prefill each
     grid = stored_rows(tmp_path / "db.sqlite")
     same_rows(grid, alone)
@@ -176,30 +188,30 @@ def test_every_grid_point_is_stored_as_that_point_run_alone(smollm, tmp_path, al
     )  # the settings differ, and some lose agreement with the full cache
 
 
-def test_a_grid_of_separate_points_stores_the_same_rows(smollm, tmp_path, alone):
+def test_a_grid_of_separate_points_stores_the_same_rows(composed, tmp_path, alone):
     runner.run(composed(tmp_path, GRID.replace("grid={", "grid={share_prefill: false, ")))
     same_rows(stored_rows(tmp_path / "db.sqlite"), alone)
 
 
 def test_an_interrupted_grid_resumes_with_nothing_lost_or_computed_twice(
-    smollm, tmp_path, alone, monkeypatch
+    composed, tmp_path, alone, monkeypatch
 ):
     stored = []
     real_store = runner._store
 
-    def interrupted_after_twenty(*args):
-        if len(stored) == 20:
+    def interrupted_after_ten(*args):
+        if len(stored) == 10:
             raise KeyboardInterrupt
         stored.append(args[1].digest)
         return real_store(*args)
 
-    monkeypatch.setattr(runner, "_store", interrupted_after_twenty)
+    monkeypatch.setattr(runner, "_store", interrupted_after_ten)
     with pytest.raises(KeyboardInterrupt):
         runner.run(composed(tmp_path, GRID))
     monkeypatch.setattr(runner, "_store", real_store)
-    assert len(stored_rows(tmp_path / "db.sqlite")) == 20
+    assert len(stored_rows(tmp_path / "db.sqlite")) == 10
     resumed = runner.run(composed(tmp_path, GRID))
-    assert sum(summary.computed for summary in resumed) == len(alone) - 20  # only what was missing
+    assert sum(summary.computed for summary in resumed) == len(alone) - 10  # only what was missing
     assert all(summary.n == 2 for summary in resumed)
     same_rows(stored_rows(tmp_path / "db.sqlite"), alone)
     again = runner.run(composed(tmp_path, GRID))
@@ -215,13 +227,13 @@ def test_an_interrupted_grid_resumes_with_nothing_lost_or_computed_twice(
         ("grid={cache: [full], share_prefill: maybe}", "grid.share_prefill"),
     ],
 )
-def test_a_malformed_grid_is_rejected_naming_the_field(tmp_path, override, field):
+def test_a_malformed_grid_is_rejected_naming_the_field(composed, tmp_path, override, field):
     with pytest.raises(SnapevalError) as raised:
         runner.check_config(composed(tmp_path, override))
     assert raised.value.field == field
 
 
-def test_cache_settings_outside_the_grid_are_rejected(tmp_path):
+def test_cache_settings_outside_the_grid_are_rejected(composed, tmp_path):
     with pytest.raises(SnapevalError, match="grid.params") as raised:
         runner.check_config(composed(tmp_path, "+exp=smoke", "cache.budget=100"))
     assert raised.value.field == "cache"

@@ -1,0 +1,34 @@
+"""Continuous batching over a fixed-shape slot cache, with a decode step that compiles once.
+
+:class:`ContinuousBatcher` owns ``rows`` decode slots (a :class:`~snapeval.cache.slots.SlotCache`,
+allocated once for the largest request) and a queue of :class:`Request` s. Whenever a row is free, the
+next request is prefilled on its own into a fresh snapeval cache (which compresses itself), and that
+cache is copied into the row. Requests with the same prompt share one prefill: the draws of one
+problem, and the points of a sweep grid, whose caches are all filled from that one prefill by a
+:class:`~snapeval.cache.grid.CacheGrid`. Then one decode step advances every row by one token. A row
+that stops frees its slot for the next request at once: the batch never waits for its longest row.
+The queue may be topped up while it runs (``run(..., more=...)``): the runner claims samples from the
+results database as rows free, so that workers on one point split it.
+
+The decode step (tokens of every row -> next token of every row, sampling included) performs no host
+synchronisation and no branch on tensor values; :meth:`ContinuousBatcher.step` may be compiled
+(``torch.compile(fullgraph=True, dynamic=False)``, CUDA graphs on a GPU) and then runs every step of a
+run, refills and ring wrap-around included, from one graph. The loop reads the new tokens once per step
+to decide which rows stop.
+
+Every answer equals the one-by-one :func:`snapeval.generation.generate` (the same tokens; sampled rows
+draw their ``k``-th token from their own seed and counter ``k``, whatever row or batch they run in).
+Seconds are honest per answer: its prefill (shared prefills split among their draws) and, per step,
+the step's wall time divided among the rows that were decoding.
+
+Modules: :mod:`~snapeval.continuous.work` (a request and its answer), :mod:`~snapeval.continuous.prefills`
+(one prefill shared by the requests of a prompt), :mod:`~snapeval.continuous.rows` (what each row holds,
+its sampling settings as tensors), :mod:`~snapeval.continuous.compiled` (``run.compile`` and the CUDA
+graph's fixed addresses), :mod:`~snapeval.continuous.batcher` (the decode step and the run's loop).
+"""
+
+from snapeval.continuous.batcher import ContinuousBatcher
+from snapeval.continuous.compiled import COMPILE_MODES, check_compile, compiles
+from snapeval.continuous.work import Answer, Request
+
+__all__ = ["COMPILE_MODES", "Answer", "ContinuousBatcher", "Request", "check_compile", "compiles"]

@@ -1,0 +1,213 @@
+"""The batcher: ``rows`` decode slots refilled as they free, and the decode step that advances them.
+
+:class:`ContinuousBatcher` holds what lasts across runs (the slot cache, the step counters);
+:class:`_Run` one call of :meth:`ContinuousBatcher.run` (its queue, rows and the prefills still
+shared), each part of its loop a method: admit requests to free rows, decode one step, finish a row,
+top the queue up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+
+import torch
+from transformers import PreTrainedModel
+
+from snapeval.batch_rows import check_rows_fit
+from snapeval.cache import build_cache
+from snapeval.cache.slots import SlotCache, cached_shapes
+from snapeval.continuous.compiled import compile_step, compiles, pin_for_cuda_graphs
+from snapeval.continuous.prefills import Prefill, fill
+from snapeval.continuous.rows import Row, RowSampling, answer_of, load_row
+from snapeval.continuous.work import Answer, Request
+from snapeval.errors import SnapevalError
+from snapeval.generation import take_token
+from snapeval.sampling import sample_one, sample_tokens
+
+
+class ContinuousBatcher:
+    """Generate answers for a queue of requests in ``rows`` slots, refilling each slot as it frees.
+
+    ``compile``: auto | off | on (see :func:`~snapeval.continuous.compiles`). ``refill`` false waits
+    until every row has stopped before admitting new requests: static batches at the same fixed shape
+    (for comparison).
+    """
+
+    def __init__(self, model: PreTrainedModel, rows: int, compile: str = "off", refill: bool = True) -> None:
+        if not isinstance(rows, int) or rows <= 0:
+            raise SnapevalError(f"must be a positive integer, got {rows!r}", "run.batch_size")
+        self.model, self.rows, self.refill = model, rows, refill
+        self.compiled = compiles(compile, model.device)
+        self.slots: SlotCache | None = None
+        self.steps = 0  # decode steps run, and their wall seconds (all runs of this batcher)
+        self.step_seconds = 0.0
+
+    def step(self, slots: SlotCache, tokens: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+        """Feed one token per row; return each row's next token (rows,). Tensor operations only."""
+        slots.begin_step()
+        logits = self.model(
+            input_ids=tokens[:, None],
+            position_ids=slots.seen[:, None],
+            attention_mask=slots.mask(),
+            past_key_values=slots,
+            use_cache=True,
+        ).logits[:, -1]
+        slots.end_step()
+        rows.counter.add_(1)
+        return sample_tokens(
+            logits,
+            rows.do_sample,
+            rows.temperature,
+            rows.top_p,
+            rows.seed,
+            rows.counter,
+            sampling=rows.sampling,
+            nucleus=rows.nucleus,
+        )
+
+    @torch.no_grad()
+    def run(
+        self,
+        requests: Iterable[Request],
+        on_answer: Callable[[Answer], Iterable[Request] | None],
+        more: Callable[[], Iterable[Request]] | None = None,
+    ) -> None:
+        """Answer every request; ``on_answer`` gets each answer as soon as its row stops and may return
+        follow-up requests (a second pass), which are answered next. ``more``, when given, is asked for
+        further requests whenever the queue runs dry and a row is free (the runner claims samples from
+        the database as it goes), until it returns none."""
+        queue = deque(requests)
+        if not queue and more is not None:
+            queue.extend(more())
+        if not queue:
+            return
+        self.reserve(queue)
+        _Run(self, queue, on_answer, more).loop()
+
+    def slots_needed(self, request: Request) -> int:
+        """The slots of one row that ``request`` fills: its compressed prompt, query and answer."""
+        split = request.compress_at or len(request.prompt_ids)
+        appended = len(request.prompt_ids) - split
+        cache = build_cache(request.cache, strict=False)
+        return cache.decode_slots(split, appended + request.max_new_tokens)
+
+    def reserve(self, requests: Iterable[Request]) -> None:
+        """Allocate the slot cache for the largest of ``requests``; later runs reuse it (and its
+        compiled step) while it is large enough."""
+        capacity = max(self.slots_needed(request) for request in requests)
+        if self.slots is None or self.slots.capacity < capacity:
+            shapes = cached_shapes(self.model)  # one probing forward for the check and the rows
+            check_rows_fit(self.rows, capacity, shapes, self.model.device)
+            self.slots = SlotCache.for_model(self.model, self.rows, capacity, shapes)
+            pin_for_cuda_graphs(self.slots.tensors())
+
+
+class _Run:
+    """One call of :meth:`ContinuousBatcher.run`: its queue, its rows and their sampling settings, the
+    prefills its queued requests still share, and how many requests of each prompt remain."""
+
+    def __init__(
+        self,
+        batcher: ContinuousBatcher,
+        queue: deque[Request],
+        on_answer: Callable[[Answer], Iterable[Request] | None],
+        more: Callable[[], Iterable[Request]] | None,
+    ) -> None:
+        device = batcher.model.device
+        self.batcher, self.queue, self.on_answer, self.more = batcher, queue, on_answer, more
+        self.shares = Counter(request.prefill_key() for request in queue)
+        self.sampling = RowSampling.empty(batcher.rows, device)
+        for request in queue:  # settle the step's Python flags before it first compiles
+            self.sampling.note(request.sampling)
+            batcher.slots.admit(build_cache(request.cache, strict=False))
+        pin_for_cuda_graphs(self.sampling.tensors())
+        self.step = compile_step(batcher.step, device) if batcher.compiled else batcher.step
+        self.tokens = torch.zeros(batcher.rows, dtype=torch.long, device=device)
+        self.rows: list[Row | None] = [None] * batcher.rows
+        self.live: dict[tuple, Prefill] = {}  # prompts with requests still to admit
+
+    def loop(self) -> None:
+        """Admit, then decode one step, until no row decodes and no request waits."""
+        while True:
+            self.admit()
+            active = [index for index, row in enumerate(self.rows) if row is not None]
+            if not active:
+                if self.pending():
+                    continue
+                break
+            self.decode(active)
+
+    def admit(self) -> None:
+        """Start a waiting request in every free row (with static batches, only once all are free)."""
+        if not (self.batcher.refill or all(row is None for row in self.rows)):
+            return
+        for index in range(self.batcher.rows):
+            while self.rows[index] is None and self.pending():
+                self.start(index, self.queue.popleft())
+
+    def start(self, index: int, request: Request) -> None:
+        """Load ``request`` into row ``index`` from its prompt's prefill and draw its first token."""
+        key, setting = request.prefill_key(), request.setting
+        prefill = self.live.setdefault(key, Prefill())
+        if setting not in prefill.caches:
+            fill(self.batcher.model, request, self.queue, prefill)
+        self.shares[key] -= 1
+        if self.shares[key] == 0:
+            del self.live[key]  # its rows hold their copies
+        first = sample_one(prefill.logits[setting], request.sampling, 0)
+        row = self.rows[index] = load_row(self.batcher.slots, index, request, prefill, self.sampling)
+        stopped = take_token(row.tokens, first, request.stop_ids, request.max_new_tokens, request.should_stop)
+        if stopped is not None:
+            self.finish(index, stopped)
+        else:
+            self.tokens[index] = first
+
+    def decode(self, active: list[int]) -> None:
+        """One decode step for every row; its wall time is split among the ``active`` rows."""
+        start = time.perf_counter()
+        self.tokens = self.step(self.batcher.slots, self.tokens, self.sampling).clone()
+        drawn = self.tokens.tolist()  # the step's one host synchronisation
+        elapsed = time.perf_counter() - start
+        self.batcher.steps += 1
+        self.batcher.step_seconds += elapsed
+        for index in active:
+            row = self.rows[index]
+            row.decode_s += elapsed / len(active)
+            row.fed += 1
+            request = row.request
+            stopped = take_token(
+                row.tokens, drawn[index], request.stop_ids, request.max_new_tokens, request.should_stop
+            )
+            if stopped is not None:
+                self.finish(index, stopped)
+
+    def finish(self, index: int, stopped: str) -> None:
+        """Free row ``index``, hand its answer on, and queue first the follow-ups it brings."""
+        row = self.rows[index]
+        self.rows[index] = None
+        answer = answer_of(self.batcher.slots, index, row, stopped)
+        self.enqueue(list(self.on_answer(answer) or []), first=True)
+
+    def pending(self) -> bool:
+        """Whether a request waits, asking ``more`` for some when the queue is dry (until it has none)."""
+        if not self.queue and self.more is not None:
+            self.enqueue(list(self.more()), first=False)
+            self.more = self.more if self.queue else None
+        return bool(self.queue)
+
+    def enqueue(self, added: list[Request], first: bool) -> None:
+        """Queue ``added`` (at the front when ``first``), growing the rows if one needs more slots."""
+        batcher = self.batcher
+        for request in added:
+            self.shares[request.prefill_key()] += 1
+            self.sampling.note(request.sampling)
+            batcher.slots.admit(build_cache(request.cache, strict=False))
+        if added and (needed := max(map(batcher.slots_needed, added))) > batcher.slots.capacity:
+            batcher.slots = batcher.slots.grown(needed)  # rare: a request longer than any reserved for
+            pin_for_cuda_graphs(batcher.slots.tensors())
+        if first:
+            self.queue.extendleft(reversed(added))
+        else:
+            self.queue.extend(added)

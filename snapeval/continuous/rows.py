@@ -1,0 +1,100 @@
+"""What each decode row holds: its request and tokens so far, and its sampling settings as tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from snapeval.cache.slots import SlotCache
+from snapeval.continuous.prefills import Prefill
+from snapeval.continuous.work import Answer, Request
+from snapeval.sampling import Sampling
+
+
+@dataclass
+class Row:
+    """One row's request while it decodes: its tokens so far, its slots and its seconds."""
+
+    request: Request
+    method: str
+    fixed: bool  # a fixed-capacity method (its slots are its capacity)
+    slots: int
+    pinned: int
+    prefill_s: float
+    tokens: list[int] = field(default_factory=list)
+    decode_s: float = 0.0
+    fed: int = 0
+
+
+@dataclass
+class RowSampling:
+    """Every row's sampling settings as device tensors, and whether any row samples / uses top-p
+    (Python flags: with neither, the step skips that work)."""
+
+    do_sample: torch.Tensor
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    seed: torch.Tensor
+    counter: torch.Tensor  # the index of the token each row draws next
+    sampling: bool = False
+    nucleus: bool = False
+
+    @classmethod
+    def empty(cls, rows: int, device: torch.device) -> RowSampling:
+        flags = torch.zeros(rows, dtype=torch.bool, device=device)
+        ones, zeros = torch.ones(rows, device=device), torch.zeros(rows, dtype=torch.long, device=device)
+        return cls(flags, ones, ones.clone(), zeros, zeros.clone())
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The settings' buffers (a compiled step reads them in place)."""
+        return [self.do_sample, self.temperature, self.top_p, self.seed, self.counter]
+
+    def set_row(self, index: int, sampling: Sampling) -> None:
+        self.do_sample[index] = sampling.do_sample
+        self.temperature[index] = sampling.temperature
+        self.top_p[index] = sampling.top_p
+        self.seed[index] = sampling.seed
+        self.counter[index] = 0
+        self.note(sampling)
+
+    def note(self, sampling: Sampling) -> None:
+        """Make the flags cover a row sampled so (a flag that changes makes a compiled step recompile)."""
+        self.sampling = self.sampling or sampling.do_sample
+        self.nucleus = self.nucleus or (sampling.do_sample and sampling.top_p < 1.0)
+
+
+def load_row(slots: SlotCache, index: int, request: Request, prefill: Prefill, sampling: RowSampling) -> Row:
+    """Copy the prefilled cache of ``request`` into row ``index`` and set the row's sampling."""
+    cache = prefill.caches[request.setting]  # it holds the appended query already
+    held = slots.load_row(index, cache, request.max_new_tokens)
+    sampling.set_row(index, request.sampling)
+    first = cache.layers[0]
+    return Row(
+        request,
+        cache.method,
+        fixed=first.fixed,
+        slots=held,
+        pinned=first.held,
+        prefill_s=prefill.seconds[request.setting],
+    )
+
+
+def answer_of(slots: SlotCache, index: int, row: Row, stopped: str) -> Answer:
+    """The answer of the row ``index`` that stopped: its tokens, seconds, slots and kept prompt."""
+    held = row.slots if row.fixed else row.pinned + row.fed
+    prompt_length = len(row.request.prompt_ids)
+    compressed = row.method != "full"
+    histogram = slots.kept_histogram(index, prompt_length) if compressed else None
+    share = slots.kept_share(index, prompt_length) if compressed else None
+    return Answer(
+        row.request,
+        row.tokens,
+        stopped,
+        row.prefill_s,
+        row.decode_s,
+        kv_bytes=slots.row_bytes(held),
+        ring_wraps=int(slots.ring_wraps[index]),
+        kept_histogram=histogram,
+        kept_share=share,
+    )

@@ -1,0 +1,59 @@
+"""The batcher's unit of work: a :class:`Request` to answer and the :class:`Answer` it becomes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from snapeval.cache import effective_params, method_class
+from snapeval.sampling import Sampling
+
+
+@dataclass(frozen=True)
+class Request:
+    """One answer to generate: a prompt, the cache settings to compress it with, and how to stop.
+
+    ``compress_at``: the prompt tokens before it are prefilled (and compressed) in one call, the rest
+    appended. ``tag``: anything the caller needs back with the answer.
+    """
+
+    prompt_ids: tuple[int, ...]
+    cache: Mapping[str, Any]
+    max_new_tokens: int
+    sampling: Sampling = Sampling()
+    stop_ids: frozenset[int] = frozenset()
+    compress_at: int | None = None
+    should_stop: Callable[[list[int]], bool] | None = None
+    tag: Any = None
+
+    def prefill_key(self) -> tuple:
+        """Requests with equal keys share one prefill, whatever their cache settings (except a method
+        that chooses what to prefill: its prefill is its own)."""
+        return self._prefill_key
+
+    @cached_property
+    def _prefill_key(self) -> tuple:
+        own = method_class(self.cache.get("method")).selects_before_prefill
+        return (self.prompt_ids, self.compress_at, self.setting if own else None)
+
+    @cached_property
+    def setting(self) -> tuple:
+        """The effective cache settings (parameters a method ignores left out), built once."""
+        return tuple(sorted(effective_params(self.cache).items()))
+
+
+@dataclass
+class Answer:
+    """A finished request: its tokens, why it stopped, and what it cost."""
+
+    request: Request
+    tokens: list[int]
+    stopped: str  # eos | length | stop
+    prefill_s: float
+    decode_s: float
+    kv_bytes: int  # the row's own slots (a growing method: those it filled)
+    ring_wraps: int  # times the row's ring came round to its first slot while decoding
+    kept_histogram: dict[str, list[float]] | None  # compressed methods: share of the prompt held per bin
+    kept_share: float | None = None  # compressed methods: share of the prompt held
