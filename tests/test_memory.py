@@ -301,13 +301,6 @@ def test_snapstream_preallocates_its_budget_but_snapkv_keeps_at_most_the_context
     assert snapkv.reduction == 1.0
 
 
-def test_methods_are_those_of_the_cache_engine():
-    from snapeval.cache import method_classes
-
-    assert method_names() == list(method_classes())
-    assert "sage_kv" in method_names()
-
-
 def test_every_budgeted_method_holds_what_its_cache_class_allocates():
     holds = {
         method: estimate("smollm2-135m", "sn40l", context=512, budget=256, method=method).tokens_compressed

@@ -72,10 +72,10 @@ def cached_tokens(method: str, context: int, budget: int | None) -> int:
 
 
 def method_names() -> list[str]:
-    """The methods the estimator knows: those of the engine's registry."""
-    from snapeval.cache.registry import method_classes
+    """The methods the estimator knows: the built-in ones (their parameters' registry, without torch)."""
+    from snapeval.configs.cache import METHODS
 
-    return list(method_classes())
+    return list(METHODS)
 
 
 def weights_bytes(num_parameters: int, weights_dtype: str, tp: int = 1) -> int:
