@@ -1,4 +1,4 @@
-"""``snapstream``: an lm-eval model that evaluates under a compressed KV cache.
+"""``snapeval`` (alias ``snapstream``): an lm-eval model that evaluates under a compressed KV cache.
 
 For every request it prefills the context into a fresh snapeval cache (which compresses itself at the
 end of that prefill), and only then scores the continuation (``loglikelihood``) or generates
@@ -48,7 +48,7 @@ CONFIG_FIELDS = {
 """The config field whose values each model argument takes (its check is the field's)."""
 
 
-@register_model("snapstream")
+@register_model("snapeval", "snapstream")  # snapeval.lm_eval_plugin.MODEL_NAMES
 class SnapStreamLM(LM):
     """lm-eval model: compress the context at prefill, then score or generate."""
 

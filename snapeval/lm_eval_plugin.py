@@ -1,11 +1,12 @@
-"""``lm_eval --model snapstream``: puts snapeval's model into lm-eval's model registry.
+"""``lm_eval --model snapeval``: puts snapeval's model into lm-eval's model registry.
 
 lm-eval (0.4.x) looks a ``--model`` up in its own registry only, which it fills when ``lm_eval.models``
 is imported; it has no entry point for models from other packages. So the wheel installs
 ``snapeval_lm_eval.pth`` next to the package, and the interpreter runs :func:`install` at start-up. That
 adds a finder to ``sys.meta_path`` which ignores every import but ``lm_eval.models``; once that module
-has run, :func:`register` adds ``snapstream`` to the registry, as a lazy placeholder where lm-eval
-supports them, so torch and the model's module load only when lm-eval asks for the model.
+has run, :func:`register` adds the model to the registry under ``snapeval`` (it serves every method) and
+``snapstream`` (an alias), as lazy placeholders where lm-eval supports them, so torch and the model's
+module load only when lm-eval asks for the model.
 
 Start-up cost when lm-eval is not used: importing this module (standard library only).
 """
@@ -17,14 +18,14 @@ import importlib.machinery
 import sys
 from types import ModuleType, TracebackType
 
-MODEL_NAME = "snapstream"
+MODEL_NAMES = ("snapeval", "snapstream")  # the name, and an alias
 MODEL_TARGET = "snapeval.lm_eval_model:SnapStreamLM"
 WATCHED_MODULE = "lm_eval.models"
 
 
 def register() -> None:
-    """Add ``snapstream`` to lm-eval's model registry (idempotent), and have a bad model argument end in
-    one line (:func:`one_line_errors`)."""
+    """Add the model to lm-eval's model registry under :data:`MODEL_NAMES` (idempotent), and have a bad
+    model argument end in one line (:func:`one_line_errors`)."""
     one_line_errors()
     try:
         from lm_eval.api.registry import model_registry
@@ -32,8 +33,9 @@ def register() -> None:
         import snapeval.lm_eval_model  # noqa: F401
 
         return
-    if MODEL_NAME not in model_registry:
-        model_registry.register(MODEL_NAME, target=MODEL_TARGET)
+    for name in MODEL_NAMES:
+        if name not in model_registry:
+            model_registry.register(name, target=MODEL_TARGET)
 
 
 def one_line_errors() -> None:
@@ -45,10 +47,11 @@ def one_line_errors() -> None:
         return
 
     def hook(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
-        from snapeval.errors import SnapevalError  # standard library only
+        from snapeval.cli import error_line  # standard library only
+        from snapeval.errors import SnapevalError
 
         if isinstance(error, SnapevalError):
-            print(f"error: {error}", file=sys.stderr)
+            print(error_line(error), file=sys.stderr)
         else:
             previous(kind, error, traceback)
 

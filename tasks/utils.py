@@ -1,7 +1,7 @@
 """lm-eval's side of snapeval's tasks: every ``snapeval_<task>.yaml`` here delegates to the registry.
 
 ``load`` builds the task from its Hydra config (``conf/task/<task>.yaml``) with lm-eval's ``--metadata``
-applied: keys of the task config (``context_length``, ``num_samples``, ...) replace them, ``pretrained``
+applied: keys of the task config (``context_length``, ``num_prompts``, ...) replace them, ``pretrained``
 names the tokenizer of generated tasks, ``seed`` their seed, and any other key is a ``task.metadata``
 option (``data_path``, ``answer_from``, ``code_extraction``, ``release``, ...). Each row carries that
 config, so that the other functions rebuild the same task.

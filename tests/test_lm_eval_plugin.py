@@ -1,4 +1,4 @@
-"""``lm_eval --model snapstream``: the installed ``.pth`` hook registers snapeval's model with lm-eval.
+"""``lm_eval --model snapeval``: the installed ``.pth`` hook registers snapeval's model with lm-eval.
 
 Each test starts a fresh interpreter, as a user's shell would: the hook must work from start-up alone.
 """
@@ -33,14 +33,14 @@ def lm_eval_executable() -> str:
     return str(beside_python) if beside_python.exists() else shutil.which("lm_eval")
 
 
-def test_a_fresh_interpreter_finds_snapstream_and_lm_evals_own_models(tmp_path):
+def test_a_fresh_interpreter_finds_snapeval_its_alias_and_lm_evals_own_models(tmp_path):
     out = fresh_python(
         "from lm_eval.api.registry import get_model\n"
-        "model = get_model('snapstream')\n"
-        "print(model.__module__, model.__name__, get_model('hf').__name__)",
+        "model = get_model('snapeval')\n"
+        "print(model.__module__, model.__name__, get_model('snapstream') is model, get_model('hf').__name__)",
         tmp_path,
     )
-    assert out.split() == ["snapeval.lm_eval_model", "SnapStreamLM", "HFLM"]
+    assert out.split() == ["snapeval.lm_eval_model", "SnapStreamLM", "True", "HFLM"]
 
 
 def test_a_regular_wheel_carries_the_configs_and_task_definitions_apart_from_the_task_modules(tmp_path):
@@ -113,7 +113,7 @@ def test_start_up_hook_imports_nothing_heavy(tmp_path):
 @pytest.mark.parametrize(
     "task,extra_args,metric",
     [
-        ("snapeval_ruler_passkey", ["--metadata", '{"context_length": 384, "num_samples": 2}'], "score,none"),
+        ("snapeval_ruler_passkey", ["--metadata", '{"context_length": 384, "num_prompts": 2}'], "score,none"),
         pytest.param(
             "snapeval_aime24",
             ["--gen_kwargs", "max_gen_toks=64"],
@@ -122,13 +122,13 @@ def test_start_up_hook_imports_nothing_heavy(tmp_path):
         ),
     ],
 )
-def test_lm_eval_cli_evaluates_a_task_under_snapstream(tmp_path, task, extra_args, metric):
+def test_lm_eval_cli_evaluates_a_task_under_snapeval(tmp_path, task, extra_args, metric):
     results_dir = tmp_path / "out"
     done = subprocess.run(
         [
             lm_eval_executable(),
             "--model",
-            "snapstream",
+            "snapeval",
             "--model_args",
             "pretrained=smollm2-135m,method=snapstream,budget=96,window=16,kernel=5",
             "--include_path",
@@ -153,7 +153,7 @@ def test_lm_eval_cli_evaluates_a_task_under_snapstream(tmp_path, task, extra_arg
     assert done.returncode == 0, done.stderr[-3000:]
     [results_file] = results_dir.rglob("results_*.json")
     results = json.loads(results_file.read_text())
-    assert results["config"]["model"] == "snapstream"
+    assert results["config"]["model"] == "snapeval"
     assert results["config"]["model_args"]["budget"] == 96
     assert 0.0 <= results["results"][task][metric] <= 1.0
     [samples_file] = results_dir.rglob(f"samples_{task}_*.jsonl")
