@@ -17,6 +17,7 @@ from snapeval.results import ResultsDB, load
 from snapeval.sweep import count_points, sweep_table
 
 from .conftest import compose_config, composed_sweep
+from .families import save_family
 
 
 def test_failing_point_is_recorded_with_its_error(tmp_path):
@@ -38,8 +39,15 @@ def test_fidelity_counts_the_common_token_prefix(smollm):
 
 
 def snapeval_cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
+    """``python -m snapeval`` on one short passkey prompt, answered by a tiny random-weight Llama."""
+    model = save_family("llama", tmp_path / "model")
     command = [sys.executable, "-m", "snapeval", *overrides, "run.limit=1", "task.context_length=256"]
-    command += ["run.progress=false", f"run.db={tmp_path / 'db.sqlite'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    command += [f"model.pretrained={model}", "model.name=tiny-llama", "task.max_new_tokens=4"]
+    command += [
+        "run.progress=false",
+        f"run.db={tmp_path / 'db.sqlite'}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
