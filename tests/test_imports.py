@@ -129,12 +129,9 @@ def test_the_size_check_rejects_a_long_module_whatever_its_docstring_says(tmp_pa
 
 
 def test_no_module_is_over_350_lines() -> None:
-    """The package, the lm-eval task glue (``tasks/``) and the benchmark scripts."""
+    """The package, the lm-eval task glue (``tasks/``) and the benchmark scripts; an allowed module that
+    has become short leaves the allow-list."""
     lines = line_counts([PACKAGE, ROOT / "tasks", ROOT / "benchmarks"])
     assert "snapeval/runner.py" in lines and "tasks/utils.py" in lines
     assert too_long(lines, LONG_MODULES) == {}
-
-
-def test_every_long_module_allowed_is_still_long() -> None:
-    lines = line_counts([PACKAGE, ROOT / "tasks", ROOT / "benchmarks"])
-    assert {name: lines.get(name, 0) for name in LONG_MODULES if lines.get(name, 0) <= MAX_LINES} == {}
+    assert [name for name in LONG_MODULES if lines.get(name, 0) <= MAX_LINES] == []
