@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from snapeval.config import compose_config
+import yaml
+
+from snapeval.configs.cache import effective_params
+from snapeval.configs.compose import compose_config
+from snapeval.configs.root import declared_fields
+from snapeval.paths import CONF_DIR
+from snapeval.results import config_hash, flatten, stored_config
 
 
 def test_other_weights_are_named_after_them_not_after_the_default_entry(tmp_path: Path) -> None:
@@ -21,3 +27,57 @@ def test_other_weights_are_named_after_them_not_after_the_default_entry(tmp_path
     default = compose_config()["model"]
     assert (default["name"], default["hub_id"]) == ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct")
     assert compose_config("model=qwen3-8b")["model"]["name"] == "qwen3-8b"
+
+
+def stored_and_hash(*overrides: str) -> tuple[dict, str]:
+    cfg = compose_config(*overrides)
+    stored = stored_config(cfg, effective_params(cfg["cache"]))
+    return stored, config_hash(stored)
+
+
+def test_what_is_stored_and_hashed_follows_the_declarations() -> None:
+    """The run group never changes a result's identity (only the shard a worker ran is stored), nor do
+    the model's hub_id and prompt_style; what the answers depend on does."""
+    stored, digest = stored_and_hash()
+    assert stored["run"] == {"shard": None} and "job" not in stored and "grid" not in stored
+    assert "protocol" not in stored and "config_overrides" not in stored["model"]  # unset optional nodes
+    same = ["run.limit=3", "run.batch_size=2", "run.compile=off", "run.db=x.sqlite", "run.shard=0/2"]
+    same += ["run.progress=false", "run.lease_s=60", "model.prompt_style=llama3", "task.num_prompts=7"]
+    for override in same:
+        assert stored_and_hash(override)[1] == digest, override
+    differ = ["task.max_new_tokens=16", "seed=1", "generation.top_p=0.5", "model.dtype=bfloat16"]
+    differ += ["task.context_length=512", "cache=snapkv"]
+    for override in differ:
+        assert stored_and_hash(override)[1] != digest, override
+
+
+def test_the_answer_length_has_one_home() -> None:
+    """``max_new_tokens`` is a task setting, in every file of conf/ and in the composed config."""
+    homes = set()
+    for path in CONF_DIR.rglob("*.yaml"):
+        content = yaml.safe_load(path.read_text())
+        if not isinstance(content, dict):  # conf/gates: a list of gate definitions
+            continue
+        group = path.parent.name if path.parent != CONF_DIR else ""
+        package_global = path.read_text().startswith("# @package _global_")
+        prefix = "" if package_global or not group else f"{group}."
+        homes |= {key for key in flatten(content, prefix) if key.split(".")[-1] == "max_new_tokens"}
+    assert homes == {"task.max_new_tokens", "task.answer_pass.max_new_tokens"}, homes
+    composed = flatten(compose_config("task=longbench_v2_cot"))
+    assert [key for key in composed if key.endswith("max_new_tokens")] == [
+        "task.max_new_tokens",
+        "task.answer_pass.max_new_tokens",
+    ]
+
+
+def test_every_scalar_field_declares_what_it_takes() -> None:
+    """Each int, float, str or bool field has a check (its range or choices), run on construction: a
+    new field cannot slip in with a type and no word on what it takes."""
+    scalars = ("int", "float", "str", "bool", "int | None", "str | None")
+    unchecked = [
+        path
+        for path, item in declared_fields()
+        if item.type in scalars and item.metadata.get("check") is None
+    ]
+    assert unchecked == []
+    assert len([path for path, item in declared_fields() if item.type in scalars]) > 40

@@ -18,10 +18,11 @@ from sqlalchemy import Engine, create_engine, delete, event, false, inspect, mak
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from snapeval.configs.root import RunConfig
 from snapeval.errors import SnapevalError
 from snapeval.results.schema import memory_estimates, metadata, runs
 
-DEFAULT_DB = Path("results/snapeval.sqlite")
+DEFAULT_DB = Path(RunConfig.db)  # run.db's default
 DB_ENV_VAR = "SNAPEVAL_DB"
 BUSY_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 10

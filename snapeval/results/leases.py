@@ -15,7 +15,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-DEFAULT_LEASE_S = 120
+from snapeval.configs.root import RunConfig
+
+DEFAULT_LEASE_S: int = RunConfig.lease_s  # run.lease_s's default
 STALE_ERROR = "stale:"  # how the error of a run closed because its worker was found gone begins
 
 
