@@ -136,7 +136,7 @@ def main() -> None:
         return
     import tempfile
 
-    from tests.test_readme import HELPER_GROUPS, LEAF_HELPERS, helper_of
+    from tests.test_readme import HELPER_GROUPS, LEAF_HELPERS, helper_of, readme_trace, trace_difference
 
     with tempfile.TemporaryDirectory() as workdir:
         files = measure(Path(workdir))
@@ -145,6 +145,10 @@ def main() -> None:
     for name, functions in files.items():
         kind = "helper" if helper_of(name, LEAF_HELPERS) else "TRACE "
         print(f"{kind}  {name}  {' '.join(functions)[:160]}")
+    difference = trace_difference(readme_trace(), list(files), LEAF_HELPERS)
+    print(
+        "\nAgainst the README's numbered list:", {kind: names for kind, names in difference.items() if names}
+    )
     print("\nThe README's paragraph after the numbered list names the helpers:\n")
     print(
         "; ".join(
