@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -17,7 +18,7 @@ from snapeval.results import ResultsDB, load
 from snapeval.sweep import count_points, sweep_table
 
 from .conftest import compose_config, composed_sweep
-from .families import save_family
+from .families import save_family, smollm2_tokenizer
 
 
 def test_failing_point_is_recorded_with_its_error(tmp_path):
@@ -31,16 +32,22 @@ def test_failing_point_is_recorded_with_its_error(tmp_path):
     assert "cache.budget" in table["error"].iloc[0]
 
 
-def test_fidelity_counts_the_common_token_prefix(smollm):
-    same = fidelity(smollm.tokenizer, "The number is 1234567.", "The number is 1234567.")
+def test_fidelity_counts_the_common_token_prefix():
+    tokenizer = smollm2_tokenizer()
+    same = fidelity(tokenizer, "The number is 1234567.", "The number is 1234567.")
     assert same == {"exact": True, "common_prefix_tokens": 12, "reference_tokens": 12}  # digits: 1 token each
-    differ = fidelity(smollm.tokenizer, "The number is 7.", "The number is 1234567.")
+    differ = fidelity(tokenizer, "The number is 7.", "The number is 1234567.")
     assert not differ["exact"] and differ["common_prefix_tokens"] == 4
 
 
-def snapeval_cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
-    """``python -m snapeval`` on one short passkey prompt, answered by a tiny random-weight Llama."""
-    model = save_family("llama", tmp_path / "model")
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight Llama with the SmolLM2 tokenizer, saved once for this module's commands."""
+    return save_family("llama", tmp_path_factory.mktemp("tiny_llama"))
+
+
+def snapeval_cli(tmp_path: Path, model: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``python -m snapeval`` on one short passkey prompt, answered by ``model``."""
     command = [sys.executable, "-m", "snapeval", *overrides, "run.limit=1", "task.context_length=256"]
     command += [f"model.pretrained={model}", "model.name=tiny-llama", "task.max_new_tokens=4"]
     command += [
@@ -51,8 +58,10 @@ def snapeval_cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
-def test_multirun_goes_on_past_a_failing_point_and_summarizes(tmp_path):
-    result = snapeval_cli(tmp_path, "-m", "task=ruler_passkey", "cache=full,snapstream", "cache.budget=50")
+def test_multirun_goes_on_past_a_failing_point_and_summarizes(tmp_path, tiny_llama):
+    result = snapeval_cli(
+        tmp_path, tiny_llama, "-m", "task=ruler_passkey", "cache=full,snapstream", "cache.budget=50"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "[sweep] point 2/2: " in result.stdout
     assert "[sweep] 2 points, 1 failed" in result.stdout
@@ -61,8 +70,8 @@ def test_multirun_goes_on_past_a_failing_point_and_summarizes(tmp_path):
     assert set(frame["method"]) == {"full"} and len(frame) == 1
 
 
-def test_a_grid_goes_on_past_an_impossible_point_and_records_it(tmp_path):
-    result = snapeval_cli(tmp_path, "+exp=smoke", "grid.params.budget=[50,256]")
+def test_a_grid_goes_on_past_an_impossible_point_and_records_it(tmp_path, tiny_llama):
+    result = snapeval_cli(tmp_path, tiny_llama, "+exp=smoke", "grid.params.budget=[50,256]")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "error: cache.budget" in result.stderr and "this grid point is skipped" in result.stderr
     assert "| snapstream(budget=256" in result.stdout and "| full " in result.stdout
