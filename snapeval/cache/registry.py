@@ -17,6 +17,7 @@ import pkgutil
 from pathlib import Path
 
 from snapeval.cache.base import SnapevalCache
+from snapeval.configs.cache import outside_class
 from snapeval.errors import SnapevalError
 
 
@@ -59,11 +60,7 @@ def method_label(name: str) -> str:
 
 
 def _external(path: str) -> type[SnapevalCache]:
-    module_name, _, class_name = path.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as error:
-        raise SnapevalError(f"cannot load {path!r}: {error}", "cache.method") from None
+    cls = outside_class(path)
     if not (inspect.isclass(cls) and issubclass(cls, SnapevalCache)):
         raise SnapevalError(f"{path!r} is not a snapeval.cache.SnapevalCache subclass", "cache.method")
     return cls

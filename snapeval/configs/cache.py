@@ -11,6 +11,7 @@ here imports torch: a bad parameter is refused before any model loads.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -225,15 +226,22 @@ def params_class(method: object) -> type:
     """The parameters of ``method``: a built-in name (without torch), or ``package.module:ClassName``
     (its engine class's ``params_class``)."""
     if isinstance(method, str) and ":" in method:
-        from snapeval.cache.registry import method_class  # an outside method: its module loads torch
-
-        return method_class(method).params_class
+        return getattr(outside_class(method), "params_class", None)
     if method not in METHODS:
         raise SnapevalError(
             f"unknown method {method!r}; choose one of {', '.join(METHODS)} or give package.module:ClassName",
             "cache.method",
         )
     return METHODS[method]
+
+
+def outside_class(path: str) -> Any:
+    """The class that ``package.module:ClassName`` names (a method kept outside snapeval)."""
+    module_name, _, class_name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise SnapevalError(f"cannot load {path!r}: {error}", "cache.method") from None
 
 
 def parameter_names(params: type | None) -> list[str]:
