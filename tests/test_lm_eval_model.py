@@ -110,5 +110,23 @@ def test_the_weights_load_at_the_first_request_not_before(smollm):
 
 def test_batch_size_auto_falls_back_to_eight_and_nonsense_is_refused():
     assert SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size="auto:4").batch_size == 8
-    with pytest.raises(SnapevalError, match="batch_size"):
-        SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size="many")
+    assert SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size="3").batch_size == 3
+    for nonsense in ("many", 0, "-2"):
+        with pytest.raises(SnapevalError, match=r"^batch_size: must be an integer >= 1 or auto, got "):
+            SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size=nonsense)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "takes"),
+    [
+        ("compression", "query_first", "one of query_aware, query_agnostic"),
+        ("compile", "always", "one of auto, on, off"),
+        ("dtype", "float8", "one of auto, float32, bfloat16, float16"),
+        ("device", "tpu", "auto, cpu, mps, cuda or cuda:N"),
+    ],
+)
+def test_model_arguments_take_the_values_of_their_config_fields(argument, value, takes):
+    """Refused before the tokenizer or the weights load, in the words of the config field's check."""
+    with pytest.raises(SnapevalError) as error:
+        SnapStreamLM(pretrained="no/such-model", method="full", **{argument: value})
+    assert str(error.value) == f"{argument}: must be {takes}, got {value!r}"
