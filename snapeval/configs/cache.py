@@ -222,9 +222,9 @@ def register_caches(config_store: Any) -> None:
         config_store.store(group="cache", name=name, node=params_class)
 
 
-def params_class(method: object) -> type:
+def params_class(method: object) -> type | None:
     """The parameters of ``method``: a built-in name (without torch), or ``package.module:ClassName``
-    (its engine class's ``params_class``)."""
+    (its engine class's ``params_class``; None if it declares none: it takes no parameters)."""
     if isinstance(method, str) and ":" in method:
         return getattr(outside_class(method), "params_class", None)
     if method not in METHODS:
