@@ -1,4 +1,5 @@
-"""The runner end to end on the embedded model: answers, storage, resume, interruption."""
+"""The runner end to end: answers on the embedded model; storage, resume, interruption, draws and rows
+on a tiny random-weight Llama with SmolLM2's tokenizer (prompts as on the embedded model, answers random)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from snapeval.generation import generate
 from snapeval.models import encode_chat
 from snapeval.results import ResultsDB, load
 from snapeval.tables import run_table
+from tests.families import save_family
 
 from .conftest import compose_config
+
+TINY_KV_BYTES = 128 * 2 * 2 * 16 * 2 * 4  # slots x layers x KV heads x head dim x (K, V) x fp32
 
 
 def test_chat_prompt_without_extra_special_tokens_answers_paris(smollm):
@@ -26,6 +30,13 @@ def config(tmp_path, *overrides):
     return compose_config(f"run.db={tmp_path / 'db.sqlite'}", "run.progress=false", *overrides)
 
 
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[str, str]:
+    """Overrides that run a 2-layer random Llama saved with SmolLM2's tokenizer."""
+    folder = save_family("llama", tmp_path_factory.mktemp("tiny") / "llama")
+    return f"model.pretrained={folder}", "model.name=random-llama"
+
+
 def test_passkey_run_stores_every_sample_with_provenance(smollm, tmp_path):
     cfg = config(tmp_path, "run.limit=3", "task.context_length=512")
     [summary] = runner.run(cfg)
@@ -39,17 +50,17 @@ def test_passkey_run_stores_every_sample_with_provenance(smollm, tmp_path):
     assert frame["output"].str.contains(r"\d{7}").all()
 
 
-def test_snapstream_with_budget_over_prompt_gives_the_full_cache_outputs(smollm, tmp_path):
-    [full] = runner.run(config(tmp_path, "run.limit=2", "task.context_length=512"))
-    [snap] = runner.run(config(tmp_path, "run.limit=2", "task.context_length=512", "cache=snapstream"))
+def test_snapstream_with_budget_over_prompt_gives_the_full_cache_outputs(tiny, tmp_path, one_torch_thread):
+    [full] = runner.run(config(tmp_path, *tiny, "run.limit=2", "task.context_length=512"))
+    [snap] = runner.run(config(tmp_path, *tiny, "run.limit=2", "task.context_length=512", "cache=snapstream"))
     assert full.config_hash != snap.config_hash
     with ResultsDB(tmp_path / "db.sqlite") as db:
         outputs = [{r["sample_id"]: r["output"] for r in db.samples_for(s.config_hash)} for s in (full, snap)]
     assert outputs[0] == outputs[1]
 
 
-def test_rerun_computes_only_missing_samples_and_survives_interruption(smollm, tmp_path, monkeypatch):
-    overrides = ("task.context_length=512", "cache=snapstream", "cache.budget=256")
+def test_rerun_computes_only_missing_samples_and_survives_interruption(tiny, tmp_path, monkeypatch):
+    overrides = (*tiny, "task.context_length=512", "cache=snapstream", "cache.budget=256")
     stored = []
     real_store = runner._store
 
@@ -73,9 +84,10 @@ def test_rerun_computes_only_missing_samples_and_survives_interruption(smollm, t
     assert load(tmp_path / "db.sqlite")["sample_id"].nunique() == 4
 
 
-def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path):
+def test_several_sampled_answers_per_prompt_are_stored_as_draws(tiny, tmp_path):
     cfg = config(
         tmp_path,
+        *tiny,
         "run.limit=2",
         "task.context_length=256",
         "generation.num_samples=5",
@@ -97,9 +109,10 @@ def test_several_sampled_answers_per_prompt_are_stored_as_draws(smollm, tmp_path
         assert trace["reasoning_closed"] is False and trace["ring_wraps"] == 0  # full cache: no ring
 
 
-def test_sampled_draws_in_rows_equal_draws_decoded_one_at_a_time(smollm, tmp_path):
+def test_sampled_draws_in_rows_equal_draws_decoded_one_at_a_time(tiny, tmp_path, one_torch_thread):
     """Rows of the continuous batcher (3 draws sharing a prefill, a ring that wraps) == batch size 1."""
-    draws = ("run.limit=2", "task.context_length=256", "task.max_new_tokens=40", "generation.num_samples=3")
+    draws = (*tiny, "run.limit=2", "task.context_length=256", "task.max_new_tokens=40")
+    draws += ("generation.num_samples=3",)
     sampled = ("generation.do_sample=true", "generation.temperature=0.8")
     sampled += ("cache=snapstream", "cache.budget=128", "cache.ring=16")
     [together] = runner.run(config(tmp_path / "a", *draws, *sampled, "run.batch_size=4"))
@@ -110,11 +123,11 @@ def test_sampled_draws_in_rows_equal_draws_decoded_one_at_a_time(smollm, tmp_pat
     assert len(set(a["output"])) >= 4  # draws differ (two of one problem may agree)
     assert [x["trace"] for x in a["extra"]] == [x["trace"] for x in b["extra"]]
     assert any(x["trace"]["ring_wraps"] > 0 for x in a["extra"])
-    assert list(a["kv_bytes"]) == list(b["kv_bytes"]) == [128 * 30 * 3 * 64 * 2 * 4] * 6  # one row's slots
+    assert list(a["kv_bytes"]) == list(b["kv_bytes"]) == [TINY_KV_BYTES] * 6  # one row's slots
 
 
-def test_prompts_in_rows_equal_prompts_decoded_one_by_one(smollm, tmp_path):
-    setting = ("run.limit=3", "task.context_length=384", "task.max_new_tokens=12")
+def test_prompts_in_rows_equal_prompts_decoded_one_by_one(tiny, tmp_path, one_torch_thread):
+    setting = (*tiny, "run.limit=3", "task.context_length=384", "task.max_new_tokens=12")
     setting += ("cache=snapstream", "cache.budget=128", "cache.window=8")
     [batched] = runner.run(config(tmp_path / "a", *setting, "run.batch_size=2"))
     [one_by_one] = runner.run(config(tmp_path / "b", *setting, "run.batch_size=1"))
@@ -125,19 +138,22 @@ def test_prompts_in_rows_equal_prompts_decoded_one_by_one(smollm, tmp_path):
     assert [extra["kept_histogram"] for extra in a["extra"]] == [
         extra["kept_histogram"] for extra in b["extra"]
     ]
-    assert list(a["kv_bytes"]) == list(b["kv_bytes"]) == [128 * 30 * 3 * 64 * 2 * 4] * 3
+    assert list(a["kv_bytes"]) == list(b["kv_bytes"]) == [TINY_KV_BYTES] * 3
 
 
-def test_runner_answers_equal_the_plain_one_by_one_generator(smollm, tmp_path):
+def test_runner_answers_equal_the_plain_one_by_one_generator(tiny, tmp_path, one_torch_thread):
     """The stored output of a full-cache run == :func:`generate` on the same prompt, token for token."""
-    from snapeval.cache import FullCache
+    from snapeval.cache import FullCache, install
+    from snapeval.models import ModelSpec, load_model, load_tokenizer
     from snapeval.tasks import load_task
 
-    cfg = config(tmp_path, "run.limit=2", "task.context_length=256", "task.max_new_tokens=24")
+    cfg = config(tmp_path, *tiny, "run.limit=2", "task.context_length=256", "task.max_new_tokens=24")
     runner.run(cfg)
-    prompts = load_task(cfg["task"], cfg["seed"]).prompts(smollm.tokenizer)[:2]
+    spec = ModelSpec.from_config(cfg["model"])
+    tokenizer, model = load_tokenizer(spec), install(load_model(spec))
+    prompts = load_task(cfg["task"], cfg["seed"]).prompts(tokenizer)[:2]
     stored = load(tmp_path / "db.sqlite").sort_values("sample_id")
     for prompt, output in zip(sorted(prompts, key=lambda p: p.id), stored["output"], strict=True):
-        ids = encode_chat(smollm.tokenizer, prompt.messages)
-        plain = generate(smollm.model, ids, FullCache(), 24, {smollm.tokenizer.eos_token_id})
-        assert smollm.tokenizer.decode(plain.tokens, skip_special_tokens=True) == output
+        ids = encode_chat(tokenizer, prompt.messages)
+        plain = generate(model, ids, FullCache(), 24, {tokenizer.eos_token_id})
+        assert len(plain.tokens) == 24 and tokenizer.decode(plain.tokens, skip_special_tokens=True) == output
