@@ -31,12 +31,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-from snapeval.cache import effective_params
 from snapeval.cli import DB_OPTION, add_db_option, one_line_errors, open_existing
+from snapeval.configs.cache import effective_params
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.results import ResultsDB, config_hash, database_url, stored_config
-from snapeval.runner import run
 from snapeval.stats import paired_bootstrap_lower_bound
 
 CONFIDENCE = 0.95
@@ -133,6 +132,8 @@ def load_gates(path: str | Path) -> list[Gate]:
 
 def run_gate(gate: Gate, db_url: str) -> None:
     """Run what the database lacks of the gate's full-cache and compressed settings."""
+    from snapeval.runner import run  # torch: only once the spec, its configs and the database are good
+
     for config in gate.configs(db_url):
         start = time.perf_counter()
         [summary] = run(config)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,6 +109,24 @@ def test_cli_rejects_a_bad_spec_in_one_line(spec, message, tmp_path, capsys):
     assert main(["--spec", str(path), "--db", str(tmp_path / "db.sqlite"), "--no-run"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: ") and message in error and error.count("\n") == 1
+
+
+@pytest.mark.parametrize("case", ["bad spec", "no database"])
+def test_the_command_refuses_in_one_line_before_torch_can_load(case, tmp_path, torch_refused):
+    spec = write_spec(tmp_path / "spec.yaml", gate_spec(min_n=0) if case == "bad spec" else gate_spec())
+    args = ["--spec", str(spec), "--db", str(tmp_path / "missing.sqlite"), "--no-run"]
+    result = subprocess.run(
+        [sys.executable, "-m", "snapeval.gate", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=torch_refused,
+    )
+    expected = {
+        "bad spec": f"error: {spec}[0].min_n: must be a positive integer, got 0\n",
+        "no database": f"error: --db: no results database at {args[3]}; run python -m snapeval first\n",
+    }
+    assert (result.returncode, result.stderr) == (2, expected[case])
 
 
 def test_shipped_spec_composes():

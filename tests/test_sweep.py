@@ -18,7 +18,7 @@ from snapeval.results import ResultsDB, load
 from snapeval.sweep import count_points, sweep_table
 
 from .conftest import compose_config, composed_sweep
-from .families import save_family, smollm2_tokenizer
+from .families import smollm2_tokenizer
 
 
 def test_failing_point_is_recorded_with_its_error(tmp_path):
@@ -40,16 +40,10 @@ def test_fidelity_counts_the_common_token_prefix():
     assert not differ["exact"] and differ["common_prefix_tokens"] == 4
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random-weight Llama with the SmolLM2 tokenizer, saved once for this module's commands."""
-    return save_family("llama", tmp_path_factory.mktemp("tiny_llama"))
-
-
-def snapeval_cli(tmp_path: Path, model: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """``python -m snapeval`` on one short passkey prompt, answered by ``model``."""
+def snapeval_cli(tmp_path: Path, model: tuple[str, str], *overrides: str) -> subprocess.CompletedProcess:
+    """``python -m snapeval`` on one short passkey prompt, answered by ``model`` (its overrides)."""
     command = [sys.executable, "-m", "snapeval", *overrides, "run.limit=1", "task.context_length=256"]
-    command += [f"model.pretrained={model}", "model.name=tiny-llama", "task.max_new_tokens=4"]
+    command += [*model, "task.max_new_tokens=4"]
     command += [
         "run.progress=false",
         f"run.db={tmp_path / 'db.sqlite'}",
@@ -58,20 +52,22 @@ def snapeval_cli(tmp_path: Path, model: Path, *overrides: str) -> subprocess.Com
     return subprocess.run(command, capture_output=True, text=True, timeout=600)
 
 
-def test_multirun_goes_on_past_a_failing_point_and_summarizes(tmp_path, tiny_llama):
+def test_multirun_goes_on_past_a_failing_point_and_summarizes(tmp_path, tiny_llama_overrides):
     result = snapeval_cli(
-        tmp_path, tiny_llama, "-m", "task=ruler_passkey", "cache=full,snapstream", "cache.budget=50"
+        tmp_path, tiny_llama_overrides, "-m", "task=ruler_passkey", "cache=full,snapstream", "cache.budget=50"
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "[sweep] point 2/2: " in result.stdout
     assert "[sweep] 2 points, 1 failed" in result.stdout
+    [failed] = [line for line in result.stdout.splitlines() if "| snapstream(budget=50, " in line]
+    assert "| failed " in failed and "| cache.budget: must be an integer larger than" in failed
     assert "error: cache.budget" in result.stderr
     frame = load(tmp_path / "db.sqlite")
     assert set(frame["method"]) == {"full"} and len(frame) == 1
 
 
-def test_a_grid_goes_on_past_an_impossible_point_and_records_it(tmp_path, tiny_llama):
-    result = snapeval_cli(tmp_path, tiny_llama, "+exp=smoke", "grid.params.budget=[50,256]")
+def test_a_grid_goes_on_past_an_impossible_point_and_records_it(tmp_path, tiny_llama_overrides):
+    result = snapeval_cli(tmp_path, tiny_llama_overrides, "+exp=smoke", "grid.params.budget=[50,256]")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "error: cache.budget" in result.stderr and "this grid point is skipped" in result.stderr
     assert "| snapstream(budget=256" in result.stdout and "| full " in result.stdout
