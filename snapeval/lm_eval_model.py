@@ -14,7 +14,10 @@ arguments, e.g. ``budget``, ``ratio``, ``window``, ``sinks``, ``ring``), ``compr
 ``query_start`` is compressed and the rest appended after), ``max_length`` (default: the model's window),
 ``compile`` (the decode step: auto | off | on). ``generate_until`` requests go through snapeval's continuous
 batcher: lm-eval's ``--batch_size`` rows decode together (an integer; ``auto`` means 8), each refilled as
-soon as its answer ends, and identical requests (lm-eval's ``repeats``) share one prefill.
+soon as its answer ends, and identical requests (lm-eval's ``repeats``) share one prefill. A context
+becomes a request as the runner's prompts do (:mod:`snapeval.requests`), cut in the middle of its ids
+when it does not fit; ``compression``, ``compile``, ``dtype`` and ``device`` take what their config
+fields take.
 """
 
 from __future__ import annotations
@@ -189,8 +192,8 @@ class SnapStreamLM(LM):
 
 
 def _batch_size(value: int | str) -> int:
-    """lm-eval's ``--batch_size``: an integer, or ``auto``/``auto:N`` (rows are not sized from memory
-    yet: 8, with a warning)."""
+    """lm-eval's ``--batch_size``: an integer, or ``auto``/``auto:N`` (8 rows, with a warning: rows are
+    not sized from memory)."""
     if str(value).startswith("auto"):
         logging.getLogger(__name__).warning("batch_size=%s is not supported: using 8", value)
         return 8
