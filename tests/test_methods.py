@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -16,8 +17,10 @@ import pytest
 
 from snapeval.cache import build_cache, method_class, method_classes, method_label
 from snapeval.configs.cache import METHODS, effective_params, parameter_names
+from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.figures import method_color
+from snapeval.grid import grid_points
 from snapeval.memory import estimate
 from snapeval.results import load
 
@@ -118,6 +121,24 @@ def test_a_method_runs_with_the_defaults_its_docstring_states(method):
     assert engine.params() == effective_params(option)
     expected = {"full": 5000, "kvpress": 2500}.get(method, 1024)
     assert engine.decode_slots(5000, 0) == expected
+
+
+def test_a_grid_point_is_stored_as_that_point_run_alone():
+    """A number field is a number however it is written: ``ratio: 1`` in a grid (untyped) and
+    ``cache.ratio=1`` (composed as 1.0) are one config, under one hash."""
+    alone = compose_config("cache=snapkv", "cache.budget=null", "cache.ratio=1", "cache.window=16")
+    grid = "grid={cache: [full, snapkv], params: {budget: null, ratio: 1, window: 16}}"
+    full, point = grid_points(compose_config(grid))
+    stored = [json.dumps(effective_params(config["cache"])) for config in (alone, point)]
+    assert (
+        stored[0]
+        == stored[1]
+        == (
+            '{"method": "snapkv", "budget": null, "ratio": 1.0, "window": 16, "kernel": 7, "pooling": "max", '
+            '"gqa_reduce": "mean"}'
+        )
+    )
+    assert effective_params(full["cache"]) == {"method": "full"}
 
 
 def test_a_bad_parameter_is_refused_without_importing_torch(torch_refused):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -253,12 +254,19 @@ def parameter_names(params: type | None) -> list[str]:
 
 def method_params(params: type, given: Mapping[str, Any]) -> Any:
     """``params`` made from ``given`` (its fields; the checks run): a ratio given without a budget
-    stands instead of the default budget."""
+    stands instead of the default budget, and an integer given to a number field is that number, as
+    Hydra composes it (a grid's ``ratio: 1`` is stored as the ``cache.ratio=1`` of a run alone)."""
+    hints = typing.get_type_hints(params)
     names = {f.name for f in fields(params)}
-    given = {name: value for name, value in given.items() if name in names}
+    given = {name: _as_typed(value, hints[name]) for name, value in given.items() if name in names}
     if given.get("ratio") is not None and "budget" not in given and "budget" in names:
         given["budget"] = None
     return params(**given)
+
+
+def _as_typed(value: Any, hint: Any) -> Any:
+    numbers = hint is float or float in typing.get_args(hint)
+    return float(value) if numbers and isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def effective_params(cache: Mapping[str, Any]) -> dict[str, Any]:
