@@ -40,7 +40,7 @@ class RunConfig(Checked):
     limit: int | None = setting(
         None, check=integer(optional=True), stored=False, help="the first N samples (null: all)"
     )
-    shard: str | None = setting(None, check=shard, hashed=False, help="i/n: the i-th of n slices")
+    shard: str | None = setting(None, check=shard, help="i/n: the i-th of n slices")
     batch_size: int = setting(8, check=integer(), stored=False, help="rows decoding together")
     compile: str = setting(
         "auto", check=choice("auto", "on", "off"), stored=False, help="the compiled decode step"
