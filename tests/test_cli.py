@@ -42,6 +42,9 @@ SCHEMA = [  # refused by the config's declarations, before torch loads
     ),
     (["task.contxt_length=5"], "task.contxt_length: unknown key; task has context_length, kind,"),
     (["+foo=1"], "foo: unknown key; the config has cache, generation, grid, hardware, job, memory, model,"),
+    (["memory.fo=1"], "memory.fo: no such key (check its spelling; +KEY=... adds a new one)"),
+    (["cache=snapkv", "cache.window=abc"], "cache.window: must be an integer, got 'abc'"),
+    (["task=livecodebench", "task.stop=3"], "task.stop: must be a list, got 3"),
     (["model.device=cuda"], "model.device: CUDA is not available on this machine"),
     (
         ["task=livecodebench", "task.metadata.start_date=notadate"],

@@ -76,8 +76,6 @@ def field_error(
             return SnapevalError("missing: give it a value", key)
         if isinstance(cause, ValidationError):
             return SnapevalError(f"must be {_takes(cause, owner)}, got {cause.value!r}", key)
-    if unknown := re.search(r"Could not override '([\w.]+)'", str(exc)):
-        return SnapevalError("no such key (check its spelling; +KEY=... adds a new one)", unknown[1])
     reason = str(exc).splitlines()[0]  # Hydra goes on with search paths and grammar links
     return SnapevalError(f"cannot compose {' '.join(overrides) or 'the defaults'}: {reason}")
 
@@ -85,7 +83,9 @@ def field_error(
 def unknown_key(key: str, owner: type | None, group_name: str | None = None) -> SnapevalError:
     """A key that the node ``owner`` (a config dataclass) does not have, with the keys it has."""
     parent = key.rpartition(".")[0]
-    known = sorted(f.name for f in dataclasses.fields(owner)) if dataclasses.is_dataclass(owner) else []
+    if not dataclasses.is_dataclass(owner):  # a node of free keys (memory, grid): no list to show
+        return SnapevalError("no such key (check its spelling; +KEY=... adds a new one)", key)
+    known = sorted(f.name for f in dataclasses.fields(owner))
     if parent == "cache":
         who = f"{getattr(owner, 'method', 'the cache')} takes"
     elif parent in ("task", "model") and group_name:
@@ -97,10 +97,12 @@ def unknown_key(key: str, owner: type | None, group_name: str | None = None) -> 
 
 def _takes(cause: ValidationError, owner: type | None) -> str:
     """What the field of a failed conversion takes: its check's words, else its type's."""
-    name = str(cause.key)
     declared = {f.name: f for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else {}
-    if name in declared and declared[name].metadata.get("check"):
-        return takes(declared[name].metadata["check"])
+    item = declared.get(str(cause.key))
+    if item is not None and item.metadata.get("check"):
+        return takes(item.metadata["check"])
+    if item is not None and not re.match(r"(int|float|str|bool)\b", str(item.type)):
+        return "a list" if str(item.type).startswith("list") else "a mapping"
     typed = re.search(r"converted to (\w+)", str(cause.msg))
     return OMEGACONF_TYPES.get(typed[1], typed[1]) if typed else "a value of its type"
 
