@@ -1,4 +1,6 @@
-"""Shared fixtures: the embedded model, loaded once per test session; composing configs and sweeps."""
+"""Shared fixtures: the embedded model, loaded once per test session; a tiny random-weight Llama, in
+memory and saved as a folder the runner loads (engine properties need no trained weights, and a forward
+takes milliseconds); composing configs and sweeps."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from snapeval.grid import grid_points
 from snapeval.models import ModelSpec, load_model, load_tokenizer
 from snapeval.paths import CONF_DIR
 from snapeval.sweep import sweep_points
+from tests.families import FAMILIES, SMOLLM2_VOCAB
 
 # the very spec the runner builds from conf/, so that the model is loaded once per session
 SMOLLM2 = ModelSpec.from_config(compose_config()["model"])
@@ -32,6 +35,31 @@ def smollm() -> LoadedModel:
     """SmolLM2-135M-Instruct in fp32 on CPU, with the snapeval attention installed."""
     torch.manual_seed(0)
     return LoadedModel(SMOLLM2, load_tokenizer(SMOLLM2), install(load_model(SMOLLM2)))
+
+
+TINY_VOCAB = 512
+
+
+@pytest.fixture(scope="session")
+def tiny_llama() -> torch.nn.Module:
+    """A 2-layer random-weight Llama (tests/families.py, vocabulary 512) with the snapeval attention; no
+    end-of-sequence token, so that it always answers ``max_new_tokens`` tokens."""
+    model = install(FAMILIES["llama"](TINY_VOCAB))
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_overrides(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """Overrides that run the runner on a tiny random-weight Llama saved with SmolLM2's tokenizer
+    (prompts tokenize as on the embedded model; answers are random tokens)."""
+    folder = tmp_path_factory.mktemp("tiny") / "llama"
+    tokenizer = load_tokenizer(SMOLLM2)  # the session's copy: converting the GGUF tokenizer takes seconds
+    model = FAMILIES["llama"](SMOLLM2_VOCAB)
+    model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return f"model.pretrained={folder}", "model.name=random-llama"
 
 
 def composed_sweep(experiment: str | None, *overrides: str) -> list[dict]:

@@ -1,13 +1,17 @@
 """The engine against independent references written here from the methods' definitions.
 
-* SnapKV selection == a naive loop implementation (random tensors and the real model's attention).
+* SnapKV selection == a naive loop implementation (random tensors and a model's attention).
 * Decode logits of every compressing cache == the uncompressed model run with an eager attention whose
   per-layer, per-KV-head mask hides exactly what the definition says is evicted (sinks + recent for
   StreamingLLM; the reference selection + all/last-ring generated tokens for SnapKV/SnapStream).
 * SAGE-KV selection == a naive loop over the last prompt query's softmax attention, per KV head; its decode
   == the masked model with sinks + top-k candidates + a recent window that rolls through the prompt's tail.
 * StreamingLLM with ``rerotate`` == the same masked model where each row scores the sink keys rotated
-  forward by its gap, so that every distance is the one between positions inside the cache.
+  forward by its gap, so that every distance is the one between positions inside the cache; at a budget
+  holding everything it is the uncompressed model (the other methods' holding budgets:
+  tests/test_family_matrix.py).
+
+The model is a tiny random-weight Llama (tests/conftest.py): the definitions hold for any weights.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from snapeval.cache import SageKVCache, SnapKVCache, SnapStreamCache, StreamingLLMCache
 from snapeval.cache.attention import ATTENTION_NAME
 from snapeval.cache.base import LayerPrompt
-from snapeval.models import encode_chat
+
+from .conftest import TINY_VOCAB
 
 TOLERANCE = 1e-4
 ROTATED_TOLERANCE = 2e-4  # float32 round-off of the re-rotated sink scores: ~1e-4 measured, 6e-14 in float64
@@ -132,20 +137,18 @@ def test_sage_kv_selection_matches_naive_reference_on_random_tensors(window):
     assert selection.ring[0].tolist() == [list(range(34, 40))] * 2  # the recent window, oldest first
 
 
-# --- the real model ---------------------------------------------------------------------------------
+# --- a model ----------------------------------------------------------------------------------------
 
-PROMPT = (
-    "Read the notes and answer. Note 1: the vault code is 4417. Note 2: the garden has seven apple trees "
-    "and a small pond with orange fish. Note 3: the library opens at nine and closes at five, except on "
-    "Sundays. Note 4: the train to the coast leaves every forty minutes from platform two. Note 5: the "
-    "baker sells rye bread on Tuesdays. Question: what is the vault code? Explain briefly."
-)
+PROMPT_LENGTH = 120
 DECODE_STEPS = 40
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(smollm):
-    return encode_chat(smollm.tokenizer, [{"role": "user", "content": PROMPT}])
+def prompt_ids():
+    generator = torch.Generator().manual_seed(1)
+    return torch.randint(3, TINY_VOCAB, (PROMPT_LENGTH,), generator=generator).tolist()
 
 
 def run_cache(model, prompt_ids, cache, steps=DECODE_STEPS):
@@ -247,9 +250,8 @@ def definition_masks(length, total, kv_heads, layers, prompt_visible, decode_vis
 
 
 def assert_matches_definition(
-    smollm, prompt_ids, cache, prompt_visible, decode_visible, rotated_sinks=0, tolerance=TOLERANCE
+    model, prompt_ids, cache, prompt_visible, decode_visible, rotated_sinks=0, tolerance=TOLERANCE
 ):
-    model = smollm.model
     tokens, logits = run_cache(model, prompt_ids, cache)
     sequence = prompt_ids + tokens
     length, total = len(prompt_ids), len(sequence)
@@ -262,12 +264,12 @@ def assert_matches_definition(
     return tokens
 
 
-def test_streaming_llm_equals_full_attention_with_sinks_and_recent_mask(smollm, prompt_ids):
+def test_streaming_llm_equals_full_attention_with_sinks_and_recent_mask(tiny_llama, prompt_ids):
     budget, sinks = 48, 4
     length = len(prompt_ids)
     assert length > budget
     assert_matches_definition(
-        smollm,
+        tiny_llama,
         prompt_ids,
         StreamingLLMCache(budget=budget, sinks=sinks),
         prompt_visible=lambda layer, g: list(range(sinks)),
@@ -275,11 +277,11 @@ def test_streaming_llm_equals_full_attention_with_sinks_and_recent_mask(smollm, 
     )
 
 
-def test_streaming_llm_rerotate_equals_masked_model_with_sinks_rotated_by_the_gap(smollm, prompt_ids):
+def test_streaming_llm_rerotate_equals_masked_model_with_sinks_rotated_by_the_gap(tiny_llama, prompt_ids):
     budget, sinks = 48, 4
     assert len(prompt_ids) > budget  # the gap is positive from the first decode step on
     assert_matches_definition(
-        smollm,
+        tiny_llama,
         prompt_ids,
         StreamingLLMCache(budget=budget, sinks=sinks, rerotate=True),
         prompt_visible=lambda layer, g: list(range(sinks)),
@@ -289,9 +291,9 @@ def test_streaming_llm_rerotate_equals_masked_model_with_sinks_rotated_by_the_ga
     )
 
 
-def test_snapkv_decode_equals_masked_full_model(smollm, prompt_ids):
+def test_snapkv_decode_equals_masked_full_model(tiny_llama, prompt_ids):
     window, kernel, budget = 8, 5, 48
-    captured = capture_prefill(smollm.model, prompt_ids)
+    captured = capture_prefill(tiny_llama, prompt_ids)
     kept = {
         layer: reference_keep(q, k, window, kernel, "max", "mean", keep=budget)
         for layer, (q, k) in captured.items()
@@ -299,21 +301,21 @@ def test_snapkv_decode_equals_masked_full_model(smollm, prompt_ids):
     cache = SnapKVCache(budget=budget, window=window, kernel=kernel)
     length = len(prompt_ids)
     assert_matches_definition(
-        smollm,
+        tiny_llama,
         prompt_ids,
         cache,
         prompt_visible=lambda layer, g: kept[layer][g],
         decode_visible=lambda row: list(range(length, row + 1)),
     )
-    for layer in (0, 15, 29):
+    for layer in kept:
         positions = cache.kept_positions(layer)[0]
         for g in range(positions.shape[0]):
             assert positions[g, :budget].tolist() == kept[layer][g]
 
 
-def test_snapstream_decode_equals_masked_full_model_past_ring_wrap(smollm, prompt_ids):
+def test_snapstream_decode_equals_masked_full_model_past_ring_wrap(tiny_llama, prompt_ids):
     window, kernel, sinks, ring, budget = 8, 5, 4, 16, 80
-    captured = capture_prefill(smollm.model, prompt_ids)
+    captured = capture_prefill(tiny_llama, prompt_ids)
     kept = {
         layer: reference_keep(q, k, window, kernel, "max", "mean", keep=budget - ring, sinks=sinks)
         for layer, (q, k) in captured.items()
@@ -321,7 +323,7 @@ def test_snapstream_decode_equals_masked_full_model_past_ring_wrap(smollm, promp
     length = len(prompt_ids)
     assert length > budget - ring and ring < DECODE_STEPS  # really evicts, and the ring wraps
     assert_matches_definition(
-        smollm,
+        tiny_llama,
         prompt_ids,
         SnapStreamCache(budget=budget, window=window, kernel=kernel, sinks=sinks, ring=ring),
         prompt_visible=lambda layer, g: kept[layer][g],
@@ -329,15 +331,15 @@ def test_snapstream_decode_equals_masked_full_model_past_ring_wrap(smollm, promp
     )
 
 
-def test_sage_kv_decode_equals_masked_full_model_past_recent_wrap(smollm, prompt_ids):
+def test_sage_kv_decode_equals_masked_full_model_past_recent_wrap(tiny_llama, prompt_ids):
     sinks, recent, budget = 4, 16, 64
-    captured = capture_prefill(smollm.model, prompt_ids)
+    captured = capture_prefill(tiny_llama, prompt_ids)
     keep = budget - recent
     kept = {layer: reference_sage_kv(q, k, sinks, recent, keep) for layer, (q, k) in captured.items()}
     length = len(prompt_ids)
     assert length > budget - recent and recent < DECODE_STEPS  # really evicts, and the window rolls on
     assert_matches_definition(
-        smollm,
+        tiny_llama,
         prompt_ids,
         SageKVCache(budget=budget, sinks=sinks, recent=recent),
         prompt_visible=lambda layer, g: kept[layer][g],
@@ -345,19 +347,10 @@ def test_sage_kv_decode_equals_masked_full_model_past_recent_wrap(smollm, prompt
     )
 
 
-@pytest.mark.parametrize(
-    "cache_factory",
-    [
-        lambda: SnapKVCache(budget=4096),
-        lambda: StreamingLLMCache(budget=4096),
-        lambda: StreamingLLMCache(budget=4096, rerotate=True),
-        lambda: SnapStreamCache(budget=4096),
-        lambda: SageKVCache(budget=4096),
-    ],
-    ids=["snapkv", "streaming_llm", "streaming_llm_rerotate", "snapstream", "sage_kv"],
-)
-def test_budget_holding_everything_reproduces_full_cache(smollm, prompt_ids, cache_factory):
-    full_tokens, full_logits = run_cache(smollm.model, prompt_ids, DynamicCache(), steps=32)
-    tokens, logits = run_cache(smollm.model, prompt_ids, cache_factory(), steps=32)
+def test_rerotate_with_a_budget_holding_everything_is_the_uncompressed_model(tiny_llama, prompt_ids):
+    full_tokens, full_logits = run_cache(tiny_llama, prompt_ids, DynamicCache(), steps=32)
+    tokens, logits = run_cache(
+        tiny_llama, prompt_ids, StreamingLLMCache(budget=4096, rerotate=True), steps=32
+    )
     assert tokens == full_tokens
     assert (logits - full_logits).abs().max().item() < TOLERANCE

@@ -173,11 +173,27 @@ def alone(composed, tmp_path_factory) -> dict:
 
 
 def test_every_grid_point_is_stored_as_that_point_run_alone(composed, tmp_path, alone, monkeypatch):
-    """All four methods over budget x kernel: one prefill per prompt, and every
-    point's outputs, scores, KV bytes, kept positions, traces and fidelity equal its run alone."""
+    """All four methods over budget x kernel: one prefill per prompt, and every point's outputs, scores,
+    KV bytes, kept positions, traces and fidelity equal its run alone. The full cache's answers arrive
+    last (as when its answers are the longest): the other points' samples wait for them to be stored
+    with their fidelity."""
     calls = []
     real = prefills.prefill_logits
     monkeypatch.setattr(prefills, "prefill_logits", lambda *a: calls.append(a[2]) or real(*a))
+    real_run = ContinuousBatcher.run
+
+    def full_answers_last(self, requests, on_answer, more=None):
+        held = []
+        real_run(
+            self,
+            requests,
+            lambda a: held.append(a) if a.request.cache["method"] == "full" else on_answer(a),
+            more,
+        )
+        for answer in held:
+            assert not on_answer(answer)  # a one-pass task: no follow-up requests
+
+    monkeypatch.setattr(ContinuousBatcher, "run", full_answers_last)
     summaries = runner.run(composed(tmp_path, GRID))
     assert len(summaries) == POINTS
     assert len(calls) == 2  # two prompts, one prefill each
@@ -188,8 +204,12 @@ def test_every_grid_point_is_stored_as_that_point_run_alone(composed, tmp_path, 
     )  # the settings differ, and some lose agreement with the full cache
 
 
-def test_a_grid_of_separate_points_stores_the_same_rows(composed, tmp_path, alone):
+def test_a_grid_of_separate_points_stores_the_same_rows(composed, tmp_path, alone, monkeypatch):
+    calls = []
+    real = prefills.prefill_logits
+    monkeypatch.setattr(prefills, "prefill_logits", lambda *a: calls.append(a[2]) or real(*a))
     runner.run(composed(tmp_path, GRID.replace("grid={", "grid={share_prefill: false, ")))
+    assert len(calls) == 2 * POINTS and not any(isinstance(cache, CacheGrid) for cache in calls)
     same_rows(stored_rows(tmp_path / "db.sqlite"), alone)
 
 
@@ -210,12 +230,16 @@ def test_an_interrupted_grid_resumes_with_nothing_lost_or_computed_twice(
         runner.run(composed(tmp_path, GRID))
     monkeypatch.setattr(runner, "_store", real_store)
     assert len(stored_rows(tmp_path / "db.sqlite")) == 10
+    scored = []  # every sample generated is scored once
+    real_row = runner.sample_row
+    monkeypatch.setattr(runner, "sample_row", lambda *args: scored.append(args[1].id) or real_row(*args))
     resumed = runner.run(composed(tmp_path, GRID))
-    assert sum(summary.computed for summary in resumed) == len(alone) - 10  # only what was missing
+    assert len(scored) == sum(summary.computed for summary in resumed) == len(alone) - 10  # the missing
     assert all(summary.n == 2 for summary in resumed)
     same_rows(stored_rows(tmp_path / "db.sqlite"), alone)
+    scored.clear()
     again = runner.run(composed(tmp_path, GRID))
-    assert sum(summary.computed for summary in again) == 0
+    assert sum(summary.computed for summary in again) == len(scored) == 0
 
 
 @pytest.mark.parametrize(
