@@ -1,4 +1,6 @@
-"""The `snapstream` lm-eval model: compression happens before scoring, so log-likelihoods move with it."""
+"""The `snapeval` lm-eval model: compression happens before scoring, so log-likelihoods move with it.
+Scores and draws on a tiny random Llama with SmolLM2's tokenizer; answers that must make sense on the
+embedded model."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from lm_eval.api.instance import Instance
 
 from snapeval.errors import SnapevalError
 from snapeval.lm_eval_model import SnapStreamLM
+from tests.families import save_family
 
 CONTEXT = (
     "Inventory notes. Shelf A holds blue jars of honey. Shelf B holds the red boxes of tea and a brass "
@@ -28,27 +31,36 @@ def full(smollm) -> SnapStreamLM:
     return SnapStreamLM(pretrained="smollm2-135m", method="full")
 
 
-def test_full_cache_loglikelihood_equals_a_plain_forward_pass(full, smollm):
-    context = full._encode(CONTEXT)
-    continuation = full._encode(CONTEXT + CONTINUATION)[len(context) :]
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    """A 2-layer random Llama saved with SmolLM2's tokenizer: ``pretrained`` for the lm-eval model."""
+    return str(save_family("llama", tmp_path_factory.mktemp("tiny") / "llama"))
+
+
+@pytest.fixture(scope="module")
+def tiny_full(tiny) -> SnapStreamLM:
+    return SnapStreamLM(pretrained=tiny, method="full")
+
+
+def test_full_cache_loglikelihood_equals_a_plain_forward_pass(tiny_full):
+    context = tiny_full._encode(CONTEXT)
+    continuation = tiny_full._encode(CONTEXT + CONTINUATION)[len(context) :]
     with torch.inference_mode():
-        logits = smollm.model(input_ids=torch.tensor([context + continuation])).logits[0].float()
+        logits = tiny_full.model(input_ids=torch.tensor([context + continuation])).logits[0].float()
     expected = (
         logits[len(context) - 1 : -1].log_softmax(-1).gather(-1, torch.tensor(continuation)[:, None]).sum()
     )
-    assert loglikelihood(full)[0] == pytest.approx(float(expected), abs=1e-3)
+    assert loglikelihood(tiny_full)[0] == pytest.approx(float(expected), abs=1e-3)
 
 
-def test_budget_holding_the_prompt_gives_the_full_loglikelihood(full, smollm):
-    roomy = SnapStreamLM(pretrained="smollm2-135m", method="snapstream", budget=4096)
-    assert loglikelihood(roomy)[0] == pytest.approx(loglikelihood(full)[0], abs=1e-4)
+def test_budget_holding_the_prompt_gives_the_full_loglikelihood(tiny, tiny_full):
+    roomy = SnapStreamLM(pretrained=tiny, method="snapstream", budget=4096)
+    assert loglikelihood(roomy)[0] == pytest.approx(loglikelihood(tiny_full)[0], abs=1e-4)
 
 
-def test_small_budget_changes_the_loglikelihood(full, smollm):
-    tight = SnapStreamLM(
-        pretrained="smollm2-135m", method="snapstream", budget=40, window=8, kernel=3, ring=16
-    )
-    assert abs(loglikelihood(tight)[0] - loglikelihood(full)[0]) > 0.05
+def test_small_budget_changes_the_loglikelihood(tiny, tiny_full):
+    tight = SnapStreamLM(pretrained=tiny, method="snapstream", budget=40, window=8, kernel=3, ring=16)
+    assert abs(loglikelihood(tight)[0] - loglikelihood(tiny_full)[0]) > 0.05
 
 
 def test_generate_until_stops_at_the_stop_string(full):
@@ -65,15 +77,16 @@ def test_generate_until_stops_at_the_stop_string(full):
     assert "5" not in output and "4" in output
 
 
-def test_repeated_sampled_requests_are_different_draws_and_reproducible(full):
+def test_repeated_sampled_requests_are_different_draws_and_reproducible(tiny, tiny_full):
     """lm-eval's ``repeats`` (n samples per problem, pass@1 as their mean) sends identical requests."""
+    full = tiny_full
     prompt = full.apply_chat_template([{"role": "user", "content": "Write a short poem about the sea."}])
     sampled = {"until": [], "max_gen_toks": 12, "do_sample": True, "temperature": 1.0}
     requests = [Instance("generate_until", doc={}, arguments=(prompt, sampled), idx=0) for _ in range(2)]
     first = full.generate_until(requests, disable_tqdm=True)  # decoded together: one prefill, two rows
     assert first[0] != first[1]
     assert full.generate_until(requests, disable_tqdm=True) == first
-    one_by_one = SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size=1)
+    one_by_one = SnapStreamLM(pretrained=tiny, method="full", batch_size=1)
     assert one_by_one.generate_until(requests, disable_tqdm=True) == first
 
 
@@ -100,20 +113,20 @@ def test_batch_size_batches_different_requests_with_the_same_answers(full):
     assert "Paris" in answers[2] and "7" not in answers[0]
 
 
-def test_the_weights_load_at_the_first_request_not_before(smollm):
+def test_the_weights_load_at_the_first_request_not_before(tiny):
     """lm-eval builds the model before it reads the tasks' data: a data error comes first."""
-    lm = SnapStreamLM(pretrained="smollm2-135m", method="full")
+    lm = SnapStreamLM(pretrained=tiny, method="full")
     assert "model" not in vars(lm) and "batcher" not in vars(lm)
     assert loglikelihood(lm)[0] < 0
     assert "model" in vars(lm)
 
 
-def test_batch_size_auto_falls_back_to_eight_and_nonsense_is_refused():
-    assert SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size="auto:4").batch_size == 8
-    assert SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size="3").batch_size == 3
+def test_batch_size_auto_falls_back_to_eight_and_nonsense_is_refused(tiny):
+    assert SnapStreamLM(pretrained=tiny, method="full", batch_size="auto:4").batch_size == 8
+    assert SnapStreamLM(pretrained=tiny, method="full", batch_size="3").batch_size == 3
     for nonsense in ("many", 0, "-2"):
         with pytest.raises(SnapevalError, match=r"^batch_size: must be an integer >= 1 or auto, got "):
-            SnapStreamLM(pretrained="smollm2-135m", method="full", batch_size=nonsense)
+            SnapStreamLM(pretrained=tiny, method="full", batch_size=nonsense)
 
 
 @pytest.mark.parametrize(
