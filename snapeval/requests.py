@@ -4,9 +4,9 @@ A prompt (a task's chat messages, or lm-eval's context text) is cut to fit the m
 for the answer, encoded, split where its query starts (query-agnostic compression), and wrapped in a
 :class:`~snapeval.continuous.Request` with its sampling seed and the token ids and strings that end it.
 
-The runner cuts the last message's text (LongBench's ``pred.py``, ``task.truncation``) before encoding;
-the lm-eval model cuts the encoded context's ids in the middle (``cut_ids``), as lm-eval truncates a
-context, giving up the query split of a context that had to be cut.
+The runner cuts the middle of the last message's text (``task.truncation``) before encoding; the
+lm-eval model, whose context is one finished text, cuts the middle of its ids (``cut_ids``, as LongBench's
+``pred.py`` cuts a prompt's ids), giving up the query split of a context that had to be cut.
 """
 
 from __future__ import annotations
