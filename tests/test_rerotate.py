@@ -1,4 +1,5 @@
-"""StreamingLLM's ``rerotate`` beyond the reference: left padding, and models it must refuse."""
+"""StreamingLLM's ``rerotate`` beyond the reference: left padding, and models it must refuse (on a tiny
+random-weight Llama, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,25 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from snapeval.cache import StreamingLLMCache, install
 from snapeval.cache.attention import ROPE_INV_FREQ, ROPE_ROTATION
 from snapeval.errors import SnapevalError
-from snapeval.models import encode_chat
 
-QUESTION = "List three facts about the Moon, then three facts about Mars, in full sentences."
+from .conftest import TINY_VOCAB
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    return torch.randint(3, TINY_VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def attention_modules(model):
     return [module for module in model.modules() if hasattr(module, "layer_idx")]
 
 
-def test_left_padded_batch_rerotates_each_row_as_if_alone(smollm):
-    tokenizer, model = smollm.tokenizer, smollm.model
-    encoded = [encode_chat(tokenizer, [{"role": "user", "content": p}]) for p in (QUESTION, "Name a colour.")]
+def test_left_padded_batch_rerotates_each_row_as_if_alone(tiny_llama):
+    model, pad = tiny_llama, 0
+    encoded = [prompt(40, seed=1), prompt(25, seed=2)]
     width = max(map(len, encoded))
-    input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(e)) + e for e in encoded])
+    input_ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])
     attention_mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
     budget = 16
     assert min(map(len, encoded)) > budget  # both rows evict, with different gaps
@@ -46,13 +52,12 @@ def test_left_padded_batch_rerotates_each_row_as_if_alone(smollm):
 
 
 @pytest.mark.parametrize("why", [None, "llama: no RoPE here"], ids=["not_installed", "unreadable"])
-def test_rerotate_refuses_a_rotary_embedding_it_cannot_read_before_decoding(smollm, monkeypatch, why):
-    for module in attention_modules(smollm.model):
+def test_rerotate_refuses_a_rotary_embedding_it_cannot_read_before_decoding(tiny_llama, monkeypatch, why):
+    for module in attention_modules(tiny_llama):
         monkeypatch.setitem(vars(module), ROPE_ROTATION, why)
-    prompt_ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTION}])
     cache = StreamingLLMCache(budget=16, rerotate=True)
     with pytest.raises(SnapevalError) as error, torch.inference_mode():
-        smollm.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)  # the prefill refuses
+        tiny_llama(input_ids=torch.tensor([prompt(40, seed=1)]), past_key_values=cache)  # the prefill refuses
     assert error.value.field == "cache.rerotate"
     assert why is None or str(error.value) == f"cache.rerotate: {why}"
 
