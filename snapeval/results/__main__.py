@@ -3,8 +3,9 @@
 ``summary`` also lists the runs that are not finished: running, ``stale`` (its worker is gone: killed,
 or its node lost), interrupted or failed and not finished since.
 
-``migrate`` brings a database written by an older snapeval to today's configs (retired config keys
-dropped, runs and samples re-keyed), so that its runs resume.
+``migrate`` brings a database written by an older snapeval to today's configs (old keys renamed or
+dropped by the legacy-key table, :mod:`snapeval.configs.legacy`; runs and samples re-keyed), so that its
+runs resume without recomputation.
 
 The database is ``--db`` (a path or SQLAlchemy URL), else ``$SNAPEVAL_DB``, else
 ``results/snapeval.sqlite`` in the current directory.
