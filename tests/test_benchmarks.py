@@ -317,6 +317,7 @@ def test_lcb_total_time_budget_stops_a_slow_program() -> None:
 def test_lcb_stdout_comparison_is_lcb_runners() -> None:
     assert lcb.outputs_match("3  \n", "3\n")
     assert lcb.outputs_match("1 2\n3\n\n", "1 2\n3")
+    assert lcb.outputs_match("Yes  \n No\n", "Yes\nNo")  # each line stripped, not only the text
     assert lcb.outputs_match("0.50 1e2\n", "0.5 100")  # compared as decimals
     assert not lcb.outputs_match("1 2 3", "1 2\n3")
     assert not lcb.outputs_match("Yes", "YES")
