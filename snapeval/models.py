@@ -25,11 +25,12 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from snapeval.cache.attention import check_model_config
+from snapeval.configs import model as configs_model
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 
 PACKAGE_SCHEME = "pkg://"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in configs_model.DTYPES}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,9 @@ from snapeval.configs.fields import (
     text,
 )
 
+DTYPES = ("float32", "bfloat16", "float16")
+"""The weights' dtypes a model loads in (besides ``auto``), named as torch names them."""
+
 
 @dataclass
 class ModelConfig(Checked):
@@ -29,7 +32,7 @@ class ModelConfig(Checked):
     hub_id: str | None = setting(
         None, check=optional_text, hashed=False, help="the config it was converted from (memory estimator)"
     )
-    dtype: str = setting("auto", check=choice("auto", "float32", "bfloat16", "float16"))
+    dtype: str = setting("auto", check=choice("auto", *DTYPES), help="auto: bfloat16 on CUDA, else float32")
     device: str = setting("auto", check=device)
     max_context: int = setting(8192, check=integer(low=16), help="the model's window, in tokens")
     prompt_style: str = setting(

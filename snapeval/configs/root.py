@@ -27,6 +27,8 @@ from snapeval.configs.task import SCHEMAS, TaskConfig
 
 DEFAULT_DB = "results/snapeval.sqlite"
 """Where results go unless ``run.db`` (or ``$SNAPEVAL_DB``) says otherwise."""
+COMPILE_MODES = ("auto", "on", "off")
+"""``run.compile``: compiled with CUDA graphs on a GPU and eager on CPU, always compiled, never."""
 
 
 @dataclass
@@ -43,7 +45,7 @@ class RunConfig(Checked):
     shard: str | None = setting(None, check=shard, help="i/n: the i-th of n slices")
     batch_size: int = setting(8, check=integer(), stored=False, help="rows decoding together")
     compile: str = setting(
-        "auto", check=choice("auto", "on", "off"), stored=False, help="the compiled decode step"
+        "auto", check=choice(*COMPILE_MODES), stored=False, help="the compiled decode step"
     )
     progress: bool = setting(True, check=boolean, stored=False, help="a progress bar over samples")
     db: str = setting(DEFAULT_DB, check=text, stored=False, help="a path (SQLite) or any SQLAlchemy URL")

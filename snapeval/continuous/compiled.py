@@ -6,9 +6,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from snapeval.configs.root import COMPILE_MODES
 from snapeval.errors import SnapevalError
-
-COMPILE_MODES = ("auto", "off", "on")
 
 
 def check_compile(mode: str) -> None:
