@@ -1,5 +1,7 @@
 """The fixed-shape slot cache and continuous batching against the plain one-by-one path.
 
+All on a 2-layer random-weight Llama: equality of paths needs no trained weights.
+
 * Every method at a fixed shape gives the growing cache's logits (fp32, < 1e-4), step by step.
 * A mixed queue (prompt lengths, budgets, methods, greedy and sampled rows, rings that wrap, rows
   refilled several times) gives exactly the tokens of :func:`generate` run on each request alone.
@@ -17,7 +19,6 @@ from snapeval.cache import build_cache, install
 from snapeval.cache.slots import SlotCache
 from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.generation import generate, prompt_logits
-from snapeval.models import encode_chat
 from snapeval.sampling import Sampling
 
 TOLERANCE = 1e-4
@@ -32,12 +33,7 @@ MIXED_METHODS = [
     {"method": "sage_kv", "budget": 36, "sinks": 2, "recent": 12, "window": 2},
     {"method": "speculative_prefill", "budget": 40, "window": 4, "kernel": 3, "chunk": 8},
 ]
-QUESTIONS = [
-    "List three facts about the Moon, then three facts about Mars, in full sentences.",
-    "Name a colour.",
-    "Write two sentences about rivers and the sea.",
-    "Explain in a few sentences why the sky looks blue during the day and red at sunset.",
-]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -91,20 +87,21 @@ def alone(model, request: Request):
 
 
 @pytest.mark.parametrize("params", MIXED_METHODS, ids=lambda p: p["method"] + str(p.get("budget", "")))
-def test_fixed_shape_rows_give_the_growing_caches_logits(smollm, params):
+def test_fixed_shape_rows_give_the_growing_caches_logits(tiny, params):
     """Teacher-forced decode: one slot row (in a batch of 2, wider than needed) == the plain cache."""
-    ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTIONS[0]}])
-    forced = smollm.tokenizer(" The Moon orbits the Earth and Mars is red." * 3)["input_ids"][:40]
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 320, (90,), generator=generator).tolist()
+    forced = torch.randint(0, 320, (40,), generator=generator).tolist()
     with torch.no_grad():
         plain, prefilled = build_cache(params), build_cache(params)
-        prompt_logits(smollm.model, ids, plain)
-        prompt_logits(smollm.model, ids, prefilled)
-        slots = SlotCache.for_model(smollm.model, rows=2, capacity=len(ids) + 64)
+        prompt_logits(tiny, ids, plain)
+        prompt_logits(tiny, ids, prefilled)
+        slots = SlotCache.for_model(tiny, rows=2, capacity=len(ids) + 64)
         slots.load_row(1, prefilled, new_tokens=len(forced))
         for token in forced:
-            expected = smollm.model(input_ids=torch.tensor([[token]]), past_key_values=plain).logits[0, -1]
+            expected = tiny(input_ids=torch.tensor([[token]]), past_key_values=plain).logits[0, -1]
             slots.begin_step()
-            logits = smollm.model(
+            logits = tiny(
                 input_ids=torch.tensor([[0], [token]]),
                 position_ids=slots.seen[:, None],
                 attention_mask=slots.mask(),
@@ -115,20 +112,27 @@ def test_fixed_shape_rows_give_the_growing_caches_logits(smollm, params):
     held, kept = slots.row_positions(1)[0], plain.kept_positions(0)[0]
     for head in range(held.shape[0]):  # the row holds exactly the tokens the plain cache holds
         assert sorted(held[head][held[head] >= 0].tolist()) == sorted(kept[head][kept[head] >= 0].tolist())
+    if params["method"] != "full":
+        held_prompt = (kept >= 0) & (kept < len(ids))
+        assert held_prompt.sum(-1).max() < len(ids)  # the prompt was compressed
 
 
-def test_continuous_batching_equals_one_by_one_on_a_mixed_queue(smollm):
-    """Real model: 4 prompts x 6 methods, greedy and sampled, 3 rows refilled many times."""
+def test_continuous_batching_equals_one_by_one_on_a_mixed_queue(tiny):
+    """4 prompts x 8 methods, greedy and sampled, 3 rows refilled many times."""
+    generator = torch.Generator().manual_seed(4)
+    prompts = [
+        tuple(torch.randint(0, 320, (length,), generator=generator).tolist()) for length in (70, 25, 50, 90)
+    ]
     requests = []
     for index in range(12):
-        ids = tuple(encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTIONS[index % 4]}]))
         sampling = Sampling(do_sample=index % 3 == 1, temperature=0.8, top_p=0.95, seed=index)
         cache = MIXED_METHODS[index % len(MIXED_METHODS)]
-        stops = frozenset({smollm.tokenizer.eos_token_id})
-        requests.append(Request(ids, cache, 20 + 4 * (index % 5), sampling, stops, tag=index))
-    got, batcher = answers(smollm.model, requests, rows=3)
+        requests.append(
+            Request(prompts[index % 4], cache, 20 + 4 * (index % 5), sampling, frozenset({7}), tag=index)
+        )
+    got, batcher = answers(tiny, requests, rows=3)
     for request in requests:
-        reference = alone(smollm.model, request)
+        reference = alone(tiny, request)
         assert got[request.tag].tokens == reference.tokens, request.cache
         assert got[request.tag].stopped == reference.stopped
     assert any(answer.ring_wraps > 0 for answer in got.values())
