@@ -43,7 +43,7 @@ class RulerTask(TaskConfig):
     kind: str = setting(check=text, help="the needle task: passkey, niah_single, ...")
     context_length: int = setting(1024, check=integer(low=16), help="tokens of the model's tokenizer")
     num_prompts: int = setting(
-        50, check=integer(), hashed=False, help="prompts generated (prompt i is the same for any count)"
+        10, check=integer(), hashed=False, help="prompts generated (prompt i is the same for any count)"
     )
 
 
@@ -109,7 +109,7 @@ class CodeMetadata(Checked):
 
 @dataclass
 class LiveCodeBenchTask(FileTask):
-    """LiveCodeBench code generation, graded in the sandbox (snapeval/tasks/livecodebench.py)."""
+    """LiveCodeBench code generation, graded in the sandbox (snapeval/tasks/livecodebench/)."""
 
     prompt_style: str = setting("openai_chat", check=choice(*PROMPT_STYLES))
     stop: list[str] = setting([], help="strings that end an answer")
