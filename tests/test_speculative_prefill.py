@@ -16,7 +16,14 @@ from snapeval.errors import SnapevalError
 from snapeval.generation import generate, prefill_logits
 from snapeval.models import encode_chat
 
-from .test_cache_reference import PROMPT, capture_prefill
+from .test_cache_reference import capture_prefill
+
+PROMPT = (
+    "Read the notes and answer. Note 1: the vault code is 4417. Note 2: the garden has seven apple trees "
+    "and a small pond with orange fish. Note 3: the library opens at nine and closes at five, except on "
+    "Sundays. Note 4: the train to the coast leaves every forty minutes from platform two. Note 5: the "
+    "baker sells rye bread on Tuesdays. Question: what is the vault code? Explain briefly."
+)
 
 TOLERANCE = 1e-4
 
