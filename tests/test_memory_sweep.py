@@ -10,17 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from snapeval.__main__ import main as snapeval_main
 from snapeval.cache import FullCache, SnapevalCache, SnapStreamCache
 from snapeval.errors import SnapevalError
 from snapeval.memory import estimate, geometry_from_config
 from snapeval.memory.point import run_memory_point
-from snapeval.models import encode_chat
 from snapeval.results import load_memory
-from tests.conftest import compose_config
+from tests.conftest import TINY_VOCAB, compose_config
 
 SWEEP_CONTEXTS = (8192, 32768, 131072)
 SWEEP_BUDGETS = (1024, 4096, 32768)
-PROMPT = " ".join(f"Fact {i}: the Moon is about 384,400 km from the Earth." for i in range(12))
 
 
 def snapeval(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -72,10 +71,15 @@ def test_bad_memory_values_name_their_key(override, field, message, tmp_path):
     assert error.value.field == field
 
 
-def test_bad_memory_value_is_one_error_line_and_exit_2(tmp_path):
-    result = snapeval("job=memory", "memory.context=-5", f"run.db={tmp_path / 'memory.sqlite'}", cwd=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr == "error: memory.context: must be a positive integer, got -5\n"
+def test_bad_memory_value_is_one_error_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """``python -m snapeval job=memory memory.context=-5``, its Hydra main run in-process."""
+    monkeypatch.chdir(tmp_path)  # where Hydra writes its output folder
+    argv = ["snapeval", "job=memory", "memory.context=-5", f"run.db={tmp_path / 'memory.sqlite'}"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit:
+        snapeval_main()
+    assert exit.value.code == 2
+    assert capsys.readouterr().err == "error: memory.context: must be a positive integer, got -5\n"
 
 
 @pytest.mark.parametrize(
@@ -85,14 +89,14 @@ def test_bad_memory_value_is_one_error_line_and_exit_2(tmp_path):
         pytest.param(SnapStreamCache(budget=128, window=8, kernel=3, sinks=2, ring=16), 128, id="snapstream"),
     ],
 )
-def test_estimated_kv_bytes_equal_the_engine_cache_after_prefill(smollm, cache: SnapevalCache, budget):
-    prompt_ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": PROMPT}])
+def test_estimated_kv_bytes_equal_the_engine_cache_after_prefill(tiny_llama, cache: SnapevalCache, budget):
+    prompt_ids = torch.randint(3, TINY_VOCAB, (200,), generator=torch.Generator().manual_seed(1)).tolist()
     assert len(prompt_ids) > 128  # more than the SnapStream budget: its prompt is compressed
-    assert smollm.model.dtype == torch.float32
+    assert tiny_llama.dtype == torch.float32
     with torch.inference_mode():
-        smollm.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)
+        tiny_llama(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)
     expected = estimate(
-        geometry_from_config(smollm.model.config),
+        geometry_from_config(tiny_llama.config),
         "sn40l",
         context=len(prompt_ids),
         method=cache.method,
