@@ -20,7 +20,7 @@ import torch
 from snapeval import batch_rows, runner
 from snapeval.__main__ import check_before_hydra
 from snapeval.cache.slots import SlotCache
-from snapeval.config import compose_config
+from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.figures import main as figures_main
 from snapeval.results import ResultsDB
@@ -305,7 +305,7 @@ def test_as_commands_one_line_and_exit_code_2(tmp_path, args, expected):
 def test_press_args_are_read_as_json_whether_or_not_kvpress_is_installed():
     from snapeval.cache.kvpress import _press
 
-    with pytest.raises(SnapevalError, match=r"^cache.press_args: not JSON \("):
+    with pytest.raises(SnapevalError, match=r"^cache.press_args: must be a JSON object .* got '{bad' \("):
         _press("SnapKVPress", "{bad")
     with pytest.raises(SnapevalError, match=r"^cache.press_args: must be a JSON object"):
         _press("SnapKVPress", "[1, 2]")

@@ -22,7 +22,7 @@ Check = Callable[[Any], "str | None"]  # None when the value is fine, else what 
 INT64_MAX = 2**63 - 1  # what a database column and a torch tensor hold
 MAX_LEASE_S = 10**9  # about 31 years: an expiry date must stay within the calendar
 PROMPT_STYLES = ("openai_chat", "llama3", "codeqwen", "qwq", "deepseek_r1")
-"""lcb_runner's prompts by LMStyle (snapeval/tasks/livecodebench_prompts.py)."""
+"""lcb_runner's prompts by LMStyle (snapeval/tasks/livecodebench/prompts.py)."""
 
 
 def setting(
