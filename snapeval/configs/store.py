@@ -22,4 +22,4 @@ def register() -> None:
     register_caches(store)
 
 
-register()
+register()  # at import: hydra.main (and a launcher's workers) compose before any call of ours
