@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from snapeval.configs.cache import effective_params
@@ -81,3 +82,25 @@ def test_every_scalar_field_declares_what_it_takes() -> None:
     ]
     assert unchecked == []
     assert len([path for path, item in declared_fields() if item.type in scalars]) > 40
+
+
+def test_a_config_built_in_code_is_checked_as_a_composed_one() -> None:
+    """The runner checks the dict it is given (a grid point, a test's config) by the same declarations."""
+    from snapeval.configs.check import check
+    from snapeval.errors import SnapevalError
+
+    cfg = compose_config()
+    check(cfg)
+    bad = [
+        ({**cfg, "task": {**cfg["task"], "limt": 1}}, "task.limt: unknown key; task ruler_passkey has "),
+        ({**cfg, "run": {**cfg["run"], "batch_size": 0}}, "run.batch_size: must be an integer >= 1, got 0"),
+        ({**cfg, "model": {**cfg["model"], "dtype": "int4"}}, "model.dtype: must be one of auto, float32"),
+        (
+            {**cfg, "protocol": {"name": "aime24_r1", "task": "aime24", "deviations": []}},
+            "protocol: aime24_r1 is a protocol of task aime24, not of task ruler_passkey",
+        ),
+    ]
+    for config, expected in bad:
+        with pytest.raises(SnapevalError) as info:
+            check(config)
+        assert str(info.value).startswith(expected), info.value
