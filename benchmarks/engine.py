@@ -10,19 +10,13 @@ Selection overhead is the median over rounds of (prefill with the method - prefi
 / prefill with the full cache, on the same prompt in the same round. Decode tok/s times exactly
 ``--decode-tokens`` single-token forward steps after the prefill (EOS ignored). The full cache always
 runs: it is the reference.
-
-Longer than 350 lines: one benchmark script, its measurements and their table.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
-import gc
 import os
 import platform
-import resource
 import statistics
 import sys
 from collections.abc import Sequence
@@ -32,6 +26,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from machine import MIB, PeakRss, available_cores, cpu_model
 from tabulate import tabulate
 from transformers import PreTrainedModel
 
@@ -48,7 +43,6 @@ SPEC = ModelSpec(
     dtype="float32",
     max_context=8192,
 )
-MIB = 2**20
 TARGET_LENGTH = 8192
 MAX_OVERHEAD = 0.05
 TARGET_BUDGET = 1024
@@ -105,73 +99,6 @@ class Row:
     decode_tok_s: float
     kv_mib: float
     peak_rss_mib: float
-
-
-class PeakRss:
-    """Peak resident set size of this process.
-
-    On Linux the kernel's high-water mark (VmHWM) is reset before every run, so each row shows its own
-    peak; elsewhere it falls back to ``resource.getrusage`` (the peak over the whole process lifetime).
-    """
-
-    def __init__(self) -> None:
-        self.resettable = _reset_high_water_mark()
-        self.source = (
-            "VmHWM from /proc/self/status, reset before each run via /proc/self/clear_refs"
-            if self.resettable
-            else "resource.getrusage ru_maxrss (peak over the process lifetime, never reset)"
-        )
-
-    def reset(self) -> None:
-        """Start a new peak from the memory in use now, not from what earlier runs freed but kept."""
-        gc.collect()
-        _trim_heap()
-        if self.resettable:
-            _reset_high_water_mark()
-
-    def mib(self) -> float:
-        if self.resettable:
-            return _status_kib("VmHWM") / 1024
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak / MIB if sys.platform == "darwin" else peak / 1024
-
-
-def _trim_heap() -> None:
-    """Hand freed heap pages back to the OS where the C library can (glibc's ``malloc_trim``)."""
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
-    if trim is not None:
-        trim(0)
-
-
-def _reset_high_water_mark() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} missing from /proc/self/status")
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo, or what ``platform`` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def machine_lines(threads: int, rss: PeakRss, args: argparse.Namespace) -> list[str]:

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 import transformers
-from engine import SPEC, available_cores, cpu_model
+from engine import SPEC
+from machine import available_cores, cpu_model
 from tabulate import tabulate
 
 from snapeval.cache import install
