@@ -32,10 +32,9 @@ import numpy as np
 import yaml
 
 from snapeval.cli import DB_OPTION, add_db_option, one_line_errors, open_existing
-from snapeval.configs.cache import effective_params
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
-from snapeval.results import ResultsDB, config_hash, database_url, stored_config
+from snapeval.results import ResultsDB, database_url, identity
 from snapeval.stats import paired_bootstrap_lower_bound
 
 CONFIDENCE = 0.95
@@ -160,7 +159,7 @@ def judge(gate: Gate, db: ResultsDB) -> Verdict:
 
 def _scores(db: ResultsDB, config: Mapping[str, Any]) -> dict[str, float]:
     """Score per sample id of the samples stored for ``config`` (as the runner stores it)."""
-    rows = db.samples_for(config_hash(stored_config(config, effective_params(config["cache"]))))
+    rows = db.samples_for(identity(config)[1])
     return {row["sample_id"]: row["score"] for row in rows if row["score"] is not None}
 
 

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from snapeval.configs.cache import effective_params
 from snapeval.configs.compose import compose_config
 from snapeval.configs.legacy import RENAMED, rewrite, upgrade
-from snapeval.results import ResultsDB, config_hash, stored_config
+from snapeval.results import ResultsDB, identity
 from snapeval.results.__main__ import main as results_main
 
 OLD_DB = Path(__file__).parent / "data" / "db_before_typed_config.sqlite"
@@ -52,10 +51,10 @@ NEW_COMMANDS = [  # the same runs, spelled as today
 ]
 
 
-def identity(db_path: Path, overrides: list[str]) -> str:
+def digest(db_path: Path, overrides: list[str]) -> str:
     """The config hash the runner stores a single run of ``overrides`` under."""
     cfg = compose_config(*overrides, f"run.db={db_path}", "run.progress=false")
-    return config_hash(stored_config(cfg, effective_params(cfg["cache"])))
+    return identity(cfg)[1]
 
 
 def test_an_old_command_line_is_rewritten_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,7 +128,7 @@ def test_a_stored_config_moves_its_old_keys() -> None:
 def test_a_database_written_before_the_keys_moved_resumes_after_migrate(tmp_path: Path, capsys) -> None:
     db_path = tmp_path / "old.sqlite"
     shutil.copy(OLD_DB, db_path)
-    hashes = [identity(db_path, command) for command in NEW_COMMANDS]
+    hashes = [digest(db_path, command) for command in NEW_COMMANDS]
     with ResultsDB(db_path) as db:
         assert [len(db.done_sample_ids(digest)) for digest in hashes] == [0, 0, 0]  # not yet migrated
     assert results_main(["migrate", "--db", str(db_path)]) == 0
@@ -139,7 +138,7 @@ def test_a_database_written_before_the_keys_moved_resumes_after_migrate(tmp_path
         assert [len(ids) for ids in done] == [count for _, count in OLD_COMMANDS]
         assert done[2] == {f"passkey-1024-0-{i}#{draw}" for i in range(2) for draw in range(2)}
         assert db.migrate() == 0  # a second migrate changes nothing
-    assert [identity(db_path, command) for command, _ in OLD_COMMANDS] == hashes
+    assert [digest(db_path, command) for command, _ in OLD_COMMANDS] == hashes
 
 
 @pytest.mark.slow

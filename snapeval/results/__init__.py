@@ -19,7 +19,7 @@ The package is split by concern: :mod:`~snapeval.results.schema` (tables),
 """
 
 from snapeval.results.connect import DB_ENV_VAR, DEFAULT_DB, database_url, sqlite_path
-from snapeval.results.identity import ALIASES, UNHASHED, config_hash, flatten, stored_config
+from snapeval.results.identity import ALIASES, UNHASHED, config_hash, flatten, identity, stored_config
 from snapeval.results.leases import DEFAULT_LEASE_S
 from snapeval.results.schema import RUN_STATUSES, RunStatus
 from snapeval.results.store import ResultsDB, load, load_memory
@@ -47,6 +47,7 @@ __all__ = [
     "experiment_keys",
     "flatten",
     "hashable",
+    "identity",
     "load",
     "load_memory",
     "sqlite_path",
