@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from snapeval.__main__ import check_before_hydra
+from snapeval.cli import report
+from snapeval.errors import SnapevalError
 from snapeval.results import ResultsDB
 from snapeval.results.leases import needing_attention
 from snapeval.results.schema import runs, samples
@@ -134,21 +137,37 @@ BAD_DATABASES = {
 }
 
 
-@pytest.mark.parametrize("case", BAD_DATABASES)
-def test_a_database_that_cannot_be_used_is_one_line_naming_run_db(case, tmp_path, torch_refused):
+def bad_databases(tmp_path: Path) -> None:
     (tmp_path / "corrupt.sqlite").write_text("not a database\n" * 100)
     ResultsDB(tmp_path / "ro.sqlite").close()  # a real database, opened read-only by its URL
+
+
+@pytest.mark.parametrize("case", BAD_DATABASES)
+def test_a_database_that_cannot_be_used_is_one_line_naming_run_db(case, tmp_path, capsys):
+    """What ``python -m snapeval run.db=<url>`` prints and returns, from its checks before Hydra starts
+    (CONNECT_TIMEOUT_S bounds a silent server)."""
+    bad_databases(tmp_path)
     url, message = BAD_DATABASES[case]
-    result = subprocess.run(  # before torch loads: CONNECT_TIMEOUT_S bounds a silent server
-        [sys.executable, "-m", "snapeval", "run.db=" + url.format(tmp=tmp_path), "run.limit=1"],
+    with pytest.raises(SnapevalError) as error:
+        check_before_hydra(["run.db=" + url.format(tmp=tmp_path), "run.limit=1"])
+    assert report(error.value) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: run.db: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_database_that_cannot_be_used_ends_the_command_before_torch_loads(tmp_path, torch_refused):
+    bad_databases(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "snapeval", f"run.db={tmp_path}/corrupt.sqlite", "run.limit=1"],
         capture_output=True,
         text=True,
         timeout=60,
         env=torch_refused,
     )
     assert result.returncode == 2
-    assert result.stderr.startswith("error: run.db: ") and message in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: run.db: ") and result.stderr.count("\n") == 1
+    assert "file is not a database" in result.stderr
 
 
 def start_worker(path: Path, *overrides: str) -> subprocess.Popen:
