@@ -22,7 +22,7 @@ from snapeval.__main__ import check_before_hydra
 from snapeval.cache.slots import SlotCache
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
-from snapeval.figures import main as figures_main
+from snapeval.figures.command import main as figures_main
 from snapeval.results import ResultsDB
 from snapeval.results.__main__ import main as results_main
 from snapeval.results.schema import runs

@@ -15,12 +15,12 @@ from snapeval.figures import (
     kept,
     kept_positions,
     kept_series,
-    main,
     memory,
     pareto_front,
     traces,
     window_kernel_heatmap,
 )
+from snapeval.figures.command import main
 from snapeval.figures.panels import PANEL_SIZE
 from snapeval.results import ResultsDB, config_hash
 

@@ -44,7 +44,6 @@ __all__ = [
     "accuracy_vs_memory",
     "kept_positions",
     "kept_series",
-    "main",
     "method_color",
     "method_label",
     "method_style",
@@ -52,13 +51,3 @@ __all__ = [
     "traces_vs_budget",
     "window_kernel_heatmap",
 ]
-
-
-def __getattr__(name: str) -> object:
-    """``main`` (the command, :mod:`snapeval.figures.__main__`), imported when asked for: importing it
-    with the package would make ``python -m snapeval.figures`` find it loaded twice."""
-    if name == "main":
-        from snapeval.figures.__main__ import main
-
-        return main
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

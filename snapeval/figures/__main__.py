@@ -1,45 +1,7 @@
-"""``python -m snapeval.figures [--db URL] [--out DIR]``: every figure the database has data for."""
+"""``python -m snapeval.figures``: :func:`snapeval.figures.command.main`."""
 
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-from snapeval.cli import DB_OPTION, add_db_option, one_line_errors
-from snapeval.errors import SnapevalError
-from snapeval.figures import FIGURES, NothingToDraw
-from snapeval.results import load
+from snapeval.figures.command import main
 
-DEFAULT_OUT = Path("results/figures")
-
-
-@one_line_errors
-def main(argv: list[str] | None = None) -> int:
-    """Write each figure of :data:`FIGURES` into ``--out``, or say why it was skipped; 2 on bad input."""
-    parser = argparse.ArgumentParser(
-        prog="python -m snapeval.figures",
-        description="Paper figures (PDF and PNG) from the results database.",
-    )
-    add_db_option(parser)
-    parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})"
-    )
-    args = parser.parse_args(argv)
-    if args.out.exists() and not args.out.is_dir():
-        raise SnapevalError(f"{args.out} is a file; give a folder for the figures", "--out")
-    df = load(args.db, field=DB_OPTION)
-    for name, draw in FIGURES.items():
-        try:
-            paths = draw(df, args.out)
-        except NothingToDraw as exc:
-            print(f"skipped {name}: {exc}")
-            continue
-        except OSError as exc:
-            raise SnapevalError(f"cannot write to {args.out}: {exc.strerror or exc}", "--out") from None
-        print(f"wrote {name}: {', '.join(map(str, paths))}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main())
