@@ -50,6 +50,18 @@ def tiny_llama() -> torch.nn.Module:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_chat() -> LoadedModel:
+    """A drop-in for :func:`smollm` where no trained weights are needed: SmolLM2's tokenizer (and chat
+    template) with a 2-layer random-weight Llama of its vocabulary (2 KV heads of 16 dimensions), fp32,
+    with the snapeval attention. Greedy answers are random tokens, rarely the end of sequence. Its
+    ``spec`` is the embedded model's, whose tokenizer it has."""
+    tokenizer = load_tokenizer(SMOLLM2)
+    model = FAMILIES["llama"](SMOLLM2_VOCAB)
+    model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return LoadedModel(SMOLLM2, tokenizer, install(model))
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_overrides(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """Overrides that run the runner on a tiny random-weight Llama saved with SmolLM2's tokenizer
     (prompts tokenize as on the embedded model; answers are random tokens)."""
