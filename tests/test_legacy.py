@@ -17,6 +17,7 @@ from snapeval.configs.compose import compose_config
 from snapeval.configs.legacy import RENAMED, rewrite, upgrade
 from snapeval.results import ResultsDB, identity
 from snapeval.results.__main__ import main as results_main
+from snapeval.results.identity import config_hash, upgraded
 
 OLD_DB = Path(__file__).parent / "data" / "db_before_typed_config.sqlite"
 
@@ -123,6 +124,19 @@ def test_a_stored_config_moves_its_old_keys() -> None:
     }
     unset = upgrade({"task": {"max_new_tokens": 32}, "generation": {"max_new_tokens": None}})
     assert unset == {"task": {"max_new_tokens": 32}}  # null meant the task's own length
+
+
+def test_a_whole_number_given_to_a_float_field_migrates_to_the_hash_of_today() -> None:
+    """Before the typed tree, ``cache.ratio=1`` and ``generation.temperature=1`` were stored as integers;
+    composing them today gives floats, so migrate stores floats and the run resumes under today's hash."""
+    overrides = ["cache=snapkv", "cache.budget=null", "cache.ratio=1", "generation.do_sample=true"]
+    today = compose_config(*overrides, "generation.temperature=1")
+    stored, today_hash = identity(today)
+    old = {**stored, "cache": {**stored["cache"], "ratio": 1}}
+    old["generation"] = {**stored["generation"], "temperature": 1}
+    assert config_hash(old) != today_hash
+    assert config_hash(upgraded(old)) == today_hash
+    assert type(upgraded(old)["cache"]["ratio"]) is float
 
 
 def test_a_database_written_before_the_keys_moved_resumes_after_migrate(tmp_path: Path, capsys) -> None:

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import fields
 from typing import Any
+
+from snapeval.configs.cache import METHODS
+from snapeval.configs.root import declared_fields
 
 RENAMED: dict[str, str] = {
     "task.limit": "run.limit",
@@ -44,8 +48,9 @@ def rewrite(overrides: list[str]) -> list[str]:
 
 
 def upgrade(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored config with its old keys moved to today's (a null old value dropped) and the keys with
-    no home today dropped."""
+    """A stored config with its old keys moved to today's (a null old value dropped), the keys with no
+    home today dropped, and a whole number given to a float field stored as the float that composing
+    it gives today (``cache.ratio=1`` -> 1.0)."""
     upgraded = _copy(config)
     for old, new in RENAMED.items():
         found, value = _pop(upgraded, old)
@@ -53,7 +58,23 @@ def upgrade(config: Mapping[str, Any]) -> dict[str, Any]:
             _put(upgraded, new, value)
     for old in DROPPED:
         _pop(upgraded, old)
+    for path in _float_fields(upgraded):
+        *parents, leaf = path.split(".")
+        node: Any = upgraded
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and type(node.get(leaf)) is int:
+            node[leaf] = float(node[leaf])
     return upgraded
+
+
+def _float_fields(config: Mapping[str, Any]) -> Iterator[str]:
+    """Dotted paths of the float fields of the config tree and of ``config``'s cache method."""
+    floating = re.compile(r"float( \| None)?")
+    yield from (path for path, item in declared_fields() if floating.fullmatch(str(item.type)))
+    method = METHODS.get(str((config.get("cache") or {}).get("method")))
+    if method is not None:
+        yield from (f"cache.{item.name}" for item in fields(method) if floating.fullmatch(str(item.type)))
 
 
 def _copy(config: Mapping[str, Any]) -> dict[str, Any]:
