@@ -5,6 +5,7 @@ takes milliseconds); composing configs and sweeps."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,16 +63,22 @@ def tiny_llama_chat() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_overrides(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """Overrides that run the runner on a tiny random-weight Llama saved with SmolLM2's tokenizer
-    (prompts tokenize as on the embedded model; answers are random tokens)."""
+def tiny_llama_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight Llama saved with SmolLM2's tokenizer: a model folder that ``model.pretrained``
+    (or lm-eval's ``pretrained``) loads; prompts tokenize as on the embedded model."""
     folder = tmp_path_factory.mktemp("tiny") / "llama"
     tokenizer = load_tokenizer(SMOLLM2)  # the session's copy: converting the GGUF tokenizer takes seconds
     model = FAMILIES["llama"](SMOLLM2_VOCAB)
     model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return f"model.pretrained={folder}", "model.name=random-llama"
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_overrides(tiny_llama_folder: Path) -> tuple[str, str]:
+    """Overrides that run the runner on :func:`tiny_llama_folder` (answers are random tokens)."""
+    return f"model.pretrained={tiny_llama_folder}", "model.name=random-llama"
 
 
 def composed_sweep(experiment: str | None, *overrides: str) -> list[dict]:
