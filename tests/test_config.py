@@ -101,3 +101,17 @@ def test_a_config_built_in_code_is_checked_as_a_composed_one() -> None:
         with pytest.raises(SnapevalError) as info:
             check(config)
         assert str(info.value).startswith(expected), info.value
+
+
+def test_a_task_built_from_a_partial_config_takes_its_schemas_defaults() -> None:
+    """lm-eval and tests may build a task from a few keys: what they leave out is the schema's default,
+    the one home of every default (no second copy in the task modules)."""
+    from snapeval.tasks import load_task
+
+    aime = load_task({"name": "aime24", "max_new_tokens": 8, "metadata": {"data_path": None}}, seed=0)
+    assert (aime.config["scorer"], aime.metadata["answer_from"]) == ("qwen_math", "response")
+    code = load_task({"name": "livecodebench", "max_new_tokens": 8}, seed=0)
+    assert (code.prompt_style, code.metadata["release"]) == ("openai_chat", "release_v5")
+    assert code.metadata["code_extraction"] == "official"
+    composed = compose_config("task=livecodebench")["task"]
+    assert load_task(composed, seed=0).metadata == code.metadata

@@ -6,6 +6,7 @@ A task config is served by the schema of its name's longest prefix before an und
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,3 +131,18 @@ def task_schema(name: str) -> type[TaskConfig]:
     """The schema of task config ``name``: its longest prefix before an underscore (:data:`SCHEMAS`)."""
     prefixes = [prefix for prefix in SCHEMAS if f"{name}_".startswith(f"{prefix}_")]
     return SCHEMAS[max(prefixes, key=len)] if prefixes else TaskConfig
+
+
+def task_defaults(name: str) -> dict[str, Any]:
+    """The defaults that task config ``name``'s schema declares, a nested node as a dict (what a task
+    built from a partial config, say lm-eval's, falls back on)."""
+    defaults: dict[str, Any] = {}
+    for item in dataclasses.fields(task_schema(name)):
+        if item.default_factory is not dataclasses.MISSING:
+            value = item.default_factory()
+        elif item.default is not dataclasses.MISSING:
+            value = item.default
+        else:
+            continue
+        defaults[item.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return defaults

@@ -58,7 +58,7 @@ class Aime24(Task):
 
     def __init__(self, cfg, seed: int = 0, limit: int | None = None) -> None:
         super().__init__(cfg, seed, limit)
-        self.scorer: str = cfg.get("scorer") or next(iter(SCORERS))
+        self.scorer: str = self.config["scorer"]
         if self.scorer not in SCORERS:
             message = f"unknown scorer {self.scorer!r}; choose one of {', '.join(SCORERS)}"
             raise SnapevalError(message, "task.scorer")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from snapeval.configs.task import task_defaults
 from snapeval.errors import SnapevalError
 
 if TYPE_CHECKING:
@@ -115,6 +116,9 @@ class Task(ABC):
     needs_tokenizer: ClassVar[bool] = False  # rows are generated with the model's tokenizer
 
     def __init__(self, cfg: Mapping[str, Any], seed: int = 0, limit: int | None = None) -> None:
+        defaults = task_defaults(cfg["name"])
+        given = {key: value for key, value in (cfg.get("metadata") or {}).items() if value is not None}
+        cfg = {**defaults, **cfg, "metadata": {**defaults.get("metadata", {}), **given}}
         self.config = cfg
         self.name: str = cfg["name"]
         self.seed = seed

@@ -81,7 +81,7 @@ class LiveCodeBench(Task):
 
     def __init__(self, cfg: Mapping[str, Any], seed: int = 0, limit: int | None = None) -> None:
         super().__init__(cfg, seed, limit)
-        self.prompt_style: str = cfg.get("prompt_style") or next(iter(STYLES))
+        self.prompt_style: str = self.config["prompt_style"]
         if self.prompt_style not in STYLES:
             message = f"unknown prompt style {self.prompt_style!r}; choose one of {', '.join(STYLES)}"
             raise SnapevalError(message, "task.prompt_style")
@@ -95,7 +95,7 @@ class LiveCodeBench(Task):
             raise SnapevalError(f"not a SandboxLimits field ({exc})", "task.sandbox") from None
 
     def rows(self, tokenizer=None) -> list[dict]:
-        release = self.metadata.get("release") or "release_v5"
+        release = self.metadata["release"]
         try:
             source = replace(LIVECODEBENCH, hub_data_files=release_files(release))
         except ValueError as exc:
