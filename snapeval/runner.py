@@ -28,7 +28,7 @@ from snapeval.models import ModelSpec, attach_drafts, check_device, load_model, 
 from snapeval.preflight import check_drafts, check_shard
 from snapeval.records import answer_text, sample_row
 from snapeval.requests import RequestBuilder, sample_seed, sampling, stop_ids
-from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
+from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, identity, stored_config, summary_of
 from snapeval.results.leases import Lease
 from snapeval.sandbox import isolation
 from snapeval.tasks import AnswerPass, Prompt, Task, load_task
@@ -88,7 +88,7 @@ def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
         for point in _points_or_fail(db, cfg):
             try:
                 # building the cache rejects bad parameters here, before any model work
-                configs.append(stored_config(point, effective_params(point["cache"])))
+                configs.append(identity(point)[0])
             except SnapevalError as exc:  # recorded, so that a sweep's summary shows the failed point
                 _record_failure(db, point, exc)
                 failures.append(exc)
