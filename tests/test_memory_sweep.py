@@ -1,17 +1,19 @@
-"""``job=memory`` and ``+exp=memory_sweep``: one stored estimate per point, equal to the engine's bytes."""
+"""``job=memory`` and ``+exp=memory_sweep`` (``python -m snapeval`` run in-process): one stored estimate per
+point, equal to the engine's bytes."""
 
 from __future__ import annotations
 
 import itertools
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from snapeval.__main__ import check_before_hydra
 from snapeval.__main__ import main as snapeval_main
 from snapeval.cache import FullCache, SnapevalCache, SnapStreamCache
+from snapeval.cli import report
 from snapeval.errors import SnapevalError
 from snapeval.memory import estimate, geometry_from_config
 from snapeval.memory.point import run_memory_point
@@ -22,24 +24,28 @@ SWEEP_CONTEXTS = (8192, 32768, 131072)
 SWEEP_BUDGETS = (1024, 4096, 32768)
 
 
-def snapeval(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m snapeval`` run in ``cwd``, where Hydra writes its output folders."""
-    return subprocess.run(
-        [sys.executable, "-m", "snapeval", *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+def snapeval(monkeypatch, tmp_path: Path, *args: str) -> None:
+    """``python -m snapeval <args>`` in-process, in ``tmp_path`` (where Hydra writes its output folders):
+    the front door's checks, then its Hydra main; a bad input exits (SystemExit) as the command would."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["snapeval", *args])
+    try:
+        check_before_hydra(list(args))
+    except SnapevalError as error:
+        raise SystemExit(report(error)) from None
+    snapeval_main()
 
 
-def test_sweep_stores_one_row_per_point(tmp_path):
+def test_sweep_stores_one_row_per_point(tmp_path, monkeypatch, capsys):
     db = tmp_path / "memory.sqlite"
-    result = snapeval("+exp=memory_sweep", f"run.db={db}", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+    snapeval(monkeypatch, tmp_path, "+exp=memory_sweep", f"run.db={db}")
     df = load_memory(db)
     points = sorted(zip(df["context"], df["budget"], strict=True))
     assert points == list(itertools.product(SWEEP_CONTEXTS, SWEEP_BUDGETS))
     stored = df[(df["context"] == 131072) & (df["budget"] == 32768)].iloc[0]
     expected = estimate("deepseek-r1", "sn40l", context=131072, tp=16, budget=32768).as_row()
     assert {key: stored[key] for key in expected} == expected
-    assert result.stdout.count("deepseek-r1 (MLA") == len(df)
+    assert capsys.readouterr().out.count("deepseek-r1 (MLA") == len(df)
 
 
 def test_rerunning_a_point_replaces_its_row(tmp_path):
@@ -72,12 +78,10 @@ def test_bad_memory_values_name_their_key(override, field, message, tmp_path):
 
 
 def test_bad_memory_value_is_one_error_line_and_exit_2(tmp_path, capsys, monkeypatch):
-    """``python -m snapeval job=memory memory.context=-5``, its Hydra main run in-process."""
-    monkeypatch.chdir(tmp_path)  # where Hydra writes its output folder
-    argv = ["snapeval", "job=memory", "memory.context=-5", f"run.db={tmp_path / 'memory.sqlite'}"]
-    monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as exit:
-        snapeval_main()
+        snapeval(
+            monkeypatch, tmp_path, "job=memory", "memory.context=-5", f"run.db={tmp_path / 'memory.sqlite'}"
+        )
     assert exit.value.code == 2
     assert capsys.readouterr().err == "error: memory.context: must be a positive integer, got -5\n"
 
