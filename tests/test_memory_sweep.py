@@ -4,6 +4,7 @@ point, equal to the engine's bytes."""
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 from pathlib import Path
 
@@ -29,6 +30,9 @@ def snapeval(monkeypatch, tmp_path: Path, *args: str) -> None:
     the front door's checks, then its Hydra main; a bad input exits (SystemExit) as the command would."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["snapeval", *args])
+    root = logging.getLogger()  # Hydra gives the root logger handlers on this test's captured streams
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
     try:
         check_before_hydra(list(args))
     except SnapevalError as error:
