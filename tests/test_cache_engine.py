@@ -10,6 +10,8 @@ from snapeval.configs.cache import check_cache
 from snapeval.errors import SnapevalError
 from snapeval.models import encode_chat
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 QUESTION = "List three facts about the Moon, then three facts about Mars, in full sentences."
 
 
@@ -22,26 +24,26 @@ def decode(model, prompt_ids, cache, steps):
             yield cache
 
 
-def test_snapstream_buffers_never_move_or_resize_past_capacity(smollm):
-    prompt_ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTION}])
+def test_snapstream_buffers_never_move_or_resize_past_capacity(tiny_llama_chat):
+    prompt_ids = encode_chat(tiny_llama_chat.tokenizer, [{"role": "user", "content": QUESTION}])
     cache = SnapStreamCache(budget=24, window=4, kernel=3, sinks=2, ring=8)
-    steps = iter(decode(smollm.model, prompt_ids, cache, steps=60))
+    steps = iter(decode(tiny_llama_chat.model, prompt_ids, cache, steps=60))
     next(steps)
     layouts = [(layer.keys.shape, layer.keys.data_ptr(), layer.values.data_ptr()) for layer in cache.layers]
     for _ in steps:
         assert [
             (lay.keys.shape, lay.keys.data_ptr(), lay.values.data_ptr()) for lay in cache.layers
         ] == layouts
-    assert layouts[0][0] == (1, 3, 24, 64)
+    assert layouts[0][0] == (1, 2, 24, 16)
     assert cache.layers[0].seen == len(prompt_ids) + 60 > 24 + 50
 
 
-def test_ring_overwrites_exactly_the_oldest_generated_slot(smollm):
-    prompt_ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTION}])
+def test_ring_overwrites_exactly_the_oldest_generated_slot(tiny_llama_chat):
+    prompt_ids = encode_chat(tiny_llama_chat.tokenizer, [{"role": "user", "content": QUESTION}])
     length, pinned, ring = len(prompt_ids), 16, 8
     cache = SnapStreamCache(budget=pinned + ring, window=4, kernel=3, sinks=2, ring=ring)
-    for step, _ in enumerate(decode(smollm.model, prompt_ids, cache, steps=20), start=1):
-        positions = cache.kept_positions(5)[0, 0]
+    for step, _ in enumerate(decode(tiny_llama_chat.model, prompt_ids, cache, steps=20), start=1):
+        positions = cache.kept_positions(1)[0, 0]
         generated = positions[pinned:].tolist()
         newest = length + step - 1  # column of the token just fed
         expected = {c for c in range(max(length, newest - ring + 1), newest + 1)}
@@ -49,17 +51,17 @@ def test_ring_overwrites_exactly_the_oldest_generated_slot(smollm):
         assert (positions[:pinned] < length).all()  # the pinned prompt never moves
 
 
-def test_streaming_llm_keeps_sinks_and_most_recent_prompt_tokens(smollm):
-    prompt_ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTION}])
+def test_streaming_llm_keeps_sinks_and_most_recent_prompt_tokens(tiny_llama_chat):
+    prompt_ids = encode_chat(tiny_llama_chat.tokenizer, [{"role": "user", "content": QUESTION}])
     cache = StreamingLLMCache(budget=20, sinks=4)
     with torch.inference_mode():
-        smollm.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)
+        tiny_llama_chat.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)
     length = len(prompt_ids)
     assert cache.kept_positions(0)[0, 1].tolist() == [0, 1, 2, 3, *range(length - 16, length)]
 
 
-def test_left_padded_batch_matches_each_prompt_alone_and_never_keeps_padding(smollm):
-    tokenizer, model = smollm.tokenizer, smollm.model
+def test_left_padded_batch_matches_each_prompt_alone_and_never_keeps_padding(tiny_llama_chat):
+    tokenizer, model = tiny_llama_chat.tokenizer, tiny_llama_chat.model
     prompts = [QUESTION, "Name a colour."]
     encoded = [encode_chat(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
     width = max(map(len, encoded))
@@ -80,7 +82,7 @@ def test_left_padded_batch_matches_each_prompt_alone_and_never_keeps_padding(smo
         return_dict_in_generate=True,
     )
     pad = width - len(encoded[1])
-    kept = batched_cache.kept_positions(3)[1]
+    kept = batched_cache.kept_positions(1)[1]
     assert not ((kept >= 0) & (kept < pad)).any()  # padding columns are never kept
     for row, ids in enumerate(encoded):
         alone = model.generate(
@@ -96,22 +98,22 @@ def test_left_padded_batch_matches_each_prompt_alone_and_never_keeps_padding(smo
         assert (batched_logits - torch.stack(alone.logits)[:, 0]).abs().max().item() < 1e-4
 
 
-def test_kv_bytes_is_budget_times_layers_heads_dim_two_dtype(smollm):
-    prompt_ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTION}])
+def test_kv_bytes_is_budget_times_layers_heads_dim_two_dtype(tiny_llama_chat):
+    prompt_ids = encode_chat(tiny_llama_chat.tokenizer, [{"role": "user", "content": QUESTION}])
     cache = SnapStreamCache(budget=32, window=4, kernel=3, sinks=2, ring=8)
     full = build_cache({"method": "full"})
     with torch.inference_mode():
-        smollm.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)
-        smollm.model(input_ids=torch.tensor([prompt_ids]), past_key_values=full)
-    assert cache.kv_bytes() == 32 * 30 * 3 * 64 * 2 * 4  # budget x layers x KV heads x head dim x K,V x fp32
-    assert full.kv_bytes() == len(prompt_ids) * 30 * 3 * 64 * 2 * 4
+        tiny_llama_chat.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)
+        tiny_llama_chat.model(input_ids=torch.tensor([prompt_ids]), past_key_values=full)
+    assert cache.kv_bytes() == 32 * 2 * 2 * 16 * 2 * 4  # budget x layers x KV heads x head dim x K,V x fp32
+    assert full.kv_bytes() == len(prompt_ids) * 2 * 2 * 16 * 2 * 4
 
 
-def test_ratio_sizes_the_cache_from_the_prompt(smollm):
-    prompt_ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": QUESTION}])
+def test_ratio_sizes_the_cache_from_the_prompt(tiny_llama_chat):
+    prompt_ids = encode_chat(tiny_llama_chat.tokenizer, [{"role": "user", "content": QUESTION}])
     cache = build_cache({"method": "snapkv", "budget": None, "ratio": 0.5, "window": 4})
     with torch.inference_mode():
-        smollm.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)
+        tiny_llama_chat.model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache)
     assert cache.kept_positions(0).shape[-1] == -(-len(prompt_ids) // 2)
 
 

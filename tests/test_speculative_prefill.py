@@ -18,6 +18,8 @@ from snapeval.models import encode_chat
 
 from .test_cache_reference import capture_prefill
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PROMPT = (
     "Read the notes and answer. Note 1: the vault code is 4417. Note 2: the garden has seven apple trees "
     "and a small pond with orange fish. Note 3: the library opens at nine and closes at five, except on "
@@ -37,9 +39,9 @@ def test_chunks_are_ranked_by_mean_score_and_the_question_is_always_kept():
     assert chosen_columns(tied, keep=5, chunk=3, window=2) == [0, 1, 2, 10, 11]  # ties: the earlier chunk
 
 
-def test_importance_travels_between_two_tokenizers_by_character_offsets(smollm):
+def test_importance_travels_between_two_tokenizers_by_character_offsets(tiny_llama_chat):
     text = PROMPT
-    encoded = smollm.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    encoded = tiny_llama_chat.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
     words = encoded["offset_mapping"]
     characters = [(i, i + 1) for i in range(len(text))]  # a character-level tokenizer
     generator = torch.Generator().manual_seed(5)
@@ -55,10 +57,10 @@ def test_importance_travels_between_two_tokenizers_by_character_offsets(smollm):
     assert len(words) < len(text) / 3  # really two different tokenizations
 
 
-def test_draft_importance_equals_attention_averaged_over_heads_and_layers(smollm):
-    ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": PROMPT}])
+def test_draft_importance_equals_attention_averaged_over_heads_and_layers(tiny_llama_chat):
+    ids = encode_chat(tiny_llama_chat.tokenizer, [{"role": "user", "content": PROMPT}])
     window, kernel = 6, 5
-    captured = capture_prefill(smollm.model, ids)
+    captured = capture_prefill(tiny_llama_chat.model, ids)
     length = len(ids)
     layers = []
     for query, key in captured.values():  # (heads, L, d), (kv_heads, L, d)
@@ -69,10 +71,15 @@ def test_draft_importance_equals_attention_averaged_over_heads_and_layers(smollm
         layers.append(logits.softmax(dim=-1).sum(dim=1).mean(dim=0))
     mean = torch.stack(layers).mean(dim=0)
     expected = [sum(mean[j] for j in range(i - 2, i + 3) if 0 <= j < length) / kernel for i in range(length)]
-    scores = draft_importance(Draft(smollm.model), ids, window, kernel)
+    scores = draft_importance(Draft(tiny_llama_chat.model), ids, window, kernel)
     assert scores.tolist() == pytest.approx([float(x) for x in expected], abs=1e-6)
     # the cross-family path, with a draft whose tokenizer happens to be the target's, carries them unchanged
-    crossed = draft_importance(Draft(smollm.model, smollm.tokenizer, smollm.tokenizer), ids, window, kernel)
+    crossed = draft_importance(
+        Draft(tiny_llama_chat.model, tiny_llama_chat.tokenizer, tiny_llama_chat.tokenizer),
+        ids,
+        window,
+        kernel,
+    )
     assert torch.allclose(crossed, scores)
 
 
@@ -105,27 +112,29 @@ def speculative_decode(model, ids, cache, steps):
     return tokens, torch.stack(step_logits)
 
 
-def test_target_decode_equals_the_model_prefilled_with_the_kept_tokens_at_their_positions(smollm):
-    ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": PROMPT}])
+def test_target_decode_equals_the_model_prefilled_with_the_kept_tokens_at_their_positions(tiny_llama_chat):
+    ids = encode_chat(tiny_llama_chat.tokenizer, [{"role": "user", "content": PROMPT}])
     cache = SpeculativePrefillCache(budget=48, window=8, chunk=8)
-    tokens, logits = speculative_decode(smollm.model, ids, cache, steps=24)
+    tokens, logits = speculative_decode(tiny_llama_chat.model, ids, cache, steps=24)
     assert len(cache.columns) == 48 and cache.columns[-8:] == list(range(len(ids) - 8, len(ids)))
-    ref_tokens, ref_logits = reference_decode(smollm.model, ids, cache.columns, steps=24)
+    ref_tokens, ref_logits = reference_decode(tiny_llama_chat.model, ids, cache.columns, steps=24)
     assert tokens == ref_tokens
     assert (logits - ref_logits).abs().max().item() < TOLERANCE
     held = cache.kept_positions(0)[0, 0].tolist()
     assert held == cache.columns + list(range(len(ids), len(ids) + 24))  # the prompt's own columns
 
 
-def test_a_budget_holding_the_prompt_reproduces_the_full_cache(smollm):
-    ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": PROMPT}])
-    full = generate(smollm.model, ids, DynamicCache(), 24, set())
+def test_a_budget_holding_the_prompt_reproduces_the_full_cache(tiny_llama_chat):
+    ids = encode_chat(tiny_llama_chat.tokenizer, [{"role": "user", "content": PROMPT}])
+    full = generate(tiny_llama_chat.model, ids, DynamicCache(), 24, set())
     cache = SpeculativePrefillCache(budget=len(ids))
-    speculative = generate(smollm.model, ids, cache, 24, set())
+    speculative = generate(tiny_llama_chat.model, ids, cache, 24, set())
     assert speculative.tokens == full.tokens and cache.columns is None
 
 
-def test_the_runner_stores_the_share_kept_and_the_prefill_seconds_with_the_draft(smollm, tmp_path):
+def test_the_runner_stores_the_share_kept_and_the_prefill_seconds_with_the_draft(
+    tiny_llama_overrides, tmp_path
+):
     from snapeval import runner
     from snapeval.results import load
 
@@ -133,6 +142,7 @@ def test_the_runner_stores_the_share_kept_and_the_prefill_seconds_with_the_draft
 
     cfg = compose_config(
         f"run.db={tmp_path / 'db.sqlite'}",
+        *tiny_llama_overrides,
         "run.progress=false",
         "cache=speculative_prefill",
         "cache.budget=128",
@@ -146,11 +156,11 @@ def test_the_runner_stores_the_share_kept_and_the_prefill_seconds_with_the_draft
     assert summary.n == 2 and (samples["prefill_s"] > 0).all()
 
 
-def test_a_missing_draft_and_a_shared_prefill_are_refused(smollm):
-    ids = encode_chat(smollm.tokenizer, [{"role": "user", "content": PROMPT}])
+def test_a_missing_draft_and_a_shared_prefill_are_refused(tiny_llama_chat):
+    ids = encode_chat(tiny_llama_chat.tokenizer, [{"role": "user", "content": PROMPT}])
     cache = build_cache({"method": "speculative_prefill", "budget": 32, "draft": "qwen2.5-7b-instruct"})
     with pytest.raises(SnapevalError, match="cache.draft: no draft model 'qwen2.5-7b-instruct'"):
-        cache.prefill_input(smollm.model, ids)
+        cache.prefill_input(tiny_llama_chat.model, ids)
     with pytest.raises(SnapevalError, match="cannot share a prefill"):
         CacheGrid([SpeculativePrefillCache(budget=32), build_cache({"method": "full"})])
     with pytest.raises(SnapevalError, match="cache.kernel"):
