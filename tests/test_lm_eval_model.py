@@ -10,7 +10,6 @@ from lm_eval.api.instance import Instance
 
 from snapeval.errors import SnapevalError
 from snapeval.lm_eval_model import SnapStreamLM
-from tests.families import save_family
 
 CONTEXT = (
     "Inventory notes. Shelf A holds blue jars of honey. Shelf B holds the red boxes of tea and a brass "
@@ -32,9 +31,10 @@ def full(smollm) -> SnapStreamLM:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> str:
-    """A 2-layer random Llama saved with SmolLM2's tokenizer: ``pretrained`` for the lm-eval model."""
-    return str(save_family("llama", tmp_path_factory.mktemp("tiny") / "llama"))
+def tiny(tiny_llama_folder) -> str:
+    """The session's 2-layer random Llama saved with SmolLM2's tokenizer: ``pretrained`` for the lm-eval
+    model."""
+    return str(tiny_llama_folder)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from snapeval.generation import generate
 from snapeval.models import encode_chat
 from snapeval.results import ResultsDB, load
 from snapeval.tables import run_table
-from tests.families import save_family
 
 from .conftest import compose_config
 
@@ -31,10 +30,9 @@ def config(tmp_path, *overrides):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> tuple[str, str]:
-    """Overrides that run a 2-layer random Llama saved with SmolLM2's tokenizer."""
-    folder = save_family("llama", tmp_path_factory.mktemp("tiny") / "llama")
-    return f"model.pretrained={folder}", "model.name=random-llama"
+def tiny(tiny_llama_overrides) -> tuple[str, str]:
+    """Overrides that run the session's 2-layer random Llama saved with SmolLM2's tokenizer."""
+    return tiny_llama_overrides
 
 
 def test_passkey_run_stores_every_sample_with_provenance(smollm, tmp_path):

@@ -12,8 +12,6 @@ from snapeval import runner
 from snapeval.configs.compose import compose_config
 from snapeval.results import load
 
-from .families import save_family
-
 PROBLEM = {
     "question_id": "add-one",
     "question_title": "Add one",
@@ -28,8 +26,8 @@ PROBLEM = {
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_family("llama", tmp_path_factory.mktemp("tiny"))
+def tiny_model(tiny_llama_folder: Path) -> Path:
+    return tiny_llama_folder
 
 
 def answer(tiny_model: Path, tmp_path: Path, stop: list[str], *overrides: str) -> tuple[str, int]:
