@@ -186,10 +186,12 @@ def test_an_outside_method_loads_by_its_import_path(toy_module):
         method_class("toy_first_tokens:Nope")
 
 
-def test_an_outside_method_runs_end_to_end_without_touching_another_file(toy_module):
-    """The toy method in a temporary module, through the command line, the runner and the database."""
+def test_an_outside_method_runs_end_to_end_without_touching_another_file(toy_module, tiny_llama_overrides):
+    """The toy method in a temporary module, through the command line, the runner and the database (a
+    random-weight model: the path is under test, not the answers)."""
     database = toy_module / "db.sqlite"
-    overrides = ["cache=full", f"cache.method={TOY}", "cache.budget=16", "task.context_length=256"]
+    overrides = [*tiny_llama_overrides, "cache=full", f"cache.method={TOY}", "cache.budget=16"]
+    overrides += ["task.context_length=256"]
     overrides += ["run.limit=2", "task.max_new_tokens=8", f"run.db={database}", "run.progress=false"]
     done = subprocess.run(
         [sys.executable, "-m", "snapeval", *overrides],
