@@ -359,9 +359,9 @@ def test_lcb_the_official_stop_ends_the_scored_text() -> None:
     row = {**ADD_ONE, "platform": "atcoder"}
     good = "```python\nprint(int(input()) + 1)\n```\n"
     after = "### Explanation\n```python\nprint(0)\n```\n"  # the last fenced block, unless cut
-    assert task.score_row(row, good + after)["pass@1"] == 1.0
+    assert task.score_row(row, good + after)["passed"] == 1.0
     plain = lcb.LiveCodeBench({**cfg["task"], "stop": []})
-    assert plain.score_row(row, good + after)["pass@1"] == 0.0
+    assert plain.score_row(row, good + after)["passed"] == 0.0
     assert cut_at_stop("a##b###c###", ["###", "c"]) == "a##b"
 
 

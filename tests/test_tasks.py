@@ -58,7 +58,7 @@ def test_lm_eval_definitions_are_generated_from_the_registry() -> None:
     assert stale() == [], "run `python -m snapeval.tasks.lm_eval_export`"
     livecodebench = definition("livecodebench")
     assert "max_gen_toks: 512" in livecodebench  # conf/task/livecodebench.yaml, the one place
-    assert '{metric: "pass@1", aggregation: mean' in livecodebench
+    assert '{metric: "passed", aggregation: mean' in livecodebench
     assert sorted(p.stem for p in LM_EVAL_TASKS_DIR.glob("*.yaml")) == [f"snapeval_{n}" for n in task_names()]
 
 

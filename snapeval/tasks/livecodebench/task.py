@@ -63,7 +63,8 @@ def _as_datetime(value: str | date | None) -> datetime | None:
 
 
 class LiveCodeBench(Task):
-    """LiveCodeBench code generation; ``pass@1`` overall and per platform (AtCoder, LeetCode).
+    """LiveCodeBench code generation; ``passed`` (1 when the program passes every test; its mean over samples
+    is pass@1) overall and per platform (AtCoder, LeetCode).
 
     Config: ``prompt_style`` (lcb_runner's prompt for the model's style, see
     :mod:`~snapeval.tasks.livecodebench.prompts`; by default the model's ``prompt_style``), ``stop``
@@ -74,7 +75,7 @@ class LiveCodeBench(Task):
     """
 
     names = ("livecodebench",)
-    metrics = ("pass@1", "pass@1_atcoder", "pass@1_leetcode")
+    metrics = ("passed", "passed_atcoder", "passed_leetcode")
     options = {"code_extraction": EXTRACTIONS}
     system_message = SYSTEM_MESSAGE
     id_field = "question_id"
@@ -121,4 +122,4 @@ class LiveCodeBench(Task):
     def score_row(self, row, output: str) -> dict[str, float]:
         code = extract_code(cut_at_stop(output, self.stop), self.metadata["code_extraction"])
         passed = float(run_tests(code, row, self.limits).passed)
-        return {"pass@1": passed, f"pass@1_{row['platform']}": passed}
+        return {"passed": passed, f"passed_{row['platform']}": passed}
