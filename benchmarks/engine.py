@@ -221,7 +221,7 @@ def markdown_report(header: Sequence[str], rows: Sequence[Row], footer: Sequence
 
 
 def verdicts(rows: Sequence[Row]) -> list[str]:
-    """One line per target of the issue, judged on the rows of a ``TARGET_LENGTH``-token prompt."""
+    """One line per engine target (overhead, decode), on the rows of a ``TARGET_LENGTH``-token prompt."""
     at_target = [row for row in rows if row.length == TARGET_LENGTH]
     return [overhead_verdict(at_target), decode_verdict(at_target)]
 
