@@ -17,7 +17,7 @@ import pkgutil
 from pathlib import Path
 
 from snapeval.cache.base import SnapevalCache
-from snapeval.configs.cache import outside_class
+from snapeval.configs.cache import built_in, outside_class
 from snapeval.errors import SnapevalError
 
 
@@ -41,13 +41,7 @@ def method_class(name: object) -> type[SnapevalCache]:
     """The class of method ``name``: a built-in name, or ``package.module:ClassName`` for one outside."""
     if isinstance(name, str) and ":" in name:
         return _external(name)
-    methods = method_classes()
-    if name not in methods:
-        raise SnapevalError(
-            f"unknown method {name!r}; choose one of {', '.join(methods)} or give package.module:ClassName",
-            "cache.method",
-        )
-    return methods[name]
+    return method_classes()[built_in(name)]
 
 
 def method_label(name: str) -> str:

@@ -228,12 +228,17 @@ def params_class(method: object) -> type | None:
     (its engine class's ``params_class``; None if it declares none: it takes no parameters)."""
     if isinstance(method, str) and ":" in method:
         return getattr(outside_class(method), "params_class", None)
+    return METHODS[built_in(method)]
+
+
+def built_in(method: object) -> str:
+    """``method`` if it names a built-in method, else the one-line error naming ``cache.method``."""
     if method not in METHODS:
         raise SnapevalError(
             f"unknown method {method!r}; choose one of {', '.join(METHODS)} or give package.module:ClassName",
             "cache.method",
         )
-    return METHODS[method]
+    return str(method)
 
 
 def outside_class(path: str) -> Any:
