@@ -111,18 +111,25 @@ def test_start_up_hook_imports_nothing_heavy(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "task,extra_args,metric",
+    "task,extra_args,metric,pretrained",
     [
-        ("snapeval_ruler_passkey", ["--metadata", '{"context_length": 384, "num_prompts": 2}'], "score,none"),
+        (  # the path under test, on the session's random-weight Llama with SmolLM2's tokenizer
+            "snapeval_ruler_passkey",
+            ["--metadata", '{"context_length": 384, "num_prompts": 2}'],
+            "score,none",
+            None,
+        ),
         pytest.param(
             "snapeval_aime24",
             ["--gen_kwargs", "max_gen_toks=64"],
             "acc,none",
+            "smollm2-135m",
             marks=[pytest.mark.slow, needs_shared_data],
         ),
     ],
 )
-def test_lm_eval_cli_evaluates_a_task_under_snapeval(tmp_path, task, extra_args, metric):
+def test_lm_eval_cli_evaluates_a_task_under_snapeval(request, tmp_path, task, extra_args, metric, pretrained):
+    pretrained = pretrained or request.getfixturevalue("tiny_llama_folder")
     results_dir = tmp_path / "out"
     done = subprocess.run(
         [
@@ -130,7 +137,7 @@ def test_lm_eval_cli_evaluates_a_task_under_snapeval(tmp_path, task, extra_args,
             "--model",
             "snapeval",
             "--model_args",
-            "pretrained=smollm2-135m,method=snapstream,budget=96,window=16,kernel=5",
+            f"pretrained={pretrained},method=snapstream,budget=96,window=16,kernel=5",
             "--include_path",
             str(LM_EVAL_TASKS_DIR),
             "--tasks",
