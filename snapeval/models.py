@@ -26,6 +26,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from snapeval.cache.attention import check_model_config
 from snapeval.configs import model as configs_model
+from snapeval.configs.cache import draft_names
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 
@@ -197,9 +198,9 @@ def attach_drafts(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, ca
     (a snapeval model name or a Hub id; ``self`` is the model itself). A draft whose vocabulary differs
     from the target's is cross-family: it gets both tokenizers, to carry importance by character offsets."""
     from snapeval.cache import install
-    from snapeval.cache.speculative_prefill import SELF, Draft, attach_draft
+    from snapeval.cache.speculative_prefill import Draft, attach_draft
 
-    for name in sorted({cache["draft"] for cache in caches if cache.get("draft") not in (None, SELF)}):
+    for name in draft_names(caches):
         spec = model_spec(name)
         draft_tokenizer = load_tokenizer(spec)
         family = draft_tokenizer.get_vocab() == tokenizer.get_vocab()

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from snapeval.configs.cache import draft_names
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 
 DRAFT_FIELD = "cache.draft"
-SELF_DRAFT = "self"
 
 
 def check_inputs(config: Mapping[str, Any]) -> None:
@@ -58,15 +58,11 @@ def check_shard(samples: int, spec: str | None) -> None:
         )
 
 
-def _drafts(caches: list[Mapping[str, Any]]) -> list[str]:
-    return sorted({str(cache["draft"]) for cache in caches if cache.get("draft") not in (None, SELF_DRAFT)})
-
-
 def check_draft_names(caches: list[Mapping[str, Any]]) -> None:
     """Every draft model the caches name (``cache.draft``) is a model config of ``conf/model``, a local
     directory, or a Hub id (``owner/name``)."""
     models = sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml"))
-    for name in _drafts(caches):
+    for name in draft_names(caches):
         if (
             not (CONF_DIR / "model" / f"{name}.yaml").is_file()
             and "/" not in name
@@ -82,7 +78,7 @@ def check_draft_names(caches: list[Mapping[str, Any]]) -> None:
 def check_drafts(caches: list[Mapping[str, Any]]) -> None:
     """:func:`check_draft_names`, then each draft's config is read (not its weights)."""
     check_draft_names(caches)
-    for name in _drafts(caches):
+    for name in draft_names(caches):
         _check_draft(name)
 
 

@@ -12,11 +12,10 @@ import torch.nn.functional as F
 
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
 from snapeval.cache.scoring import prompt_window_attention
-from snapeval.configs.cache import SpeculativePrefill
+from snapeval.configs.cache import SELF_DRAFT, SpeculativePrefill
 from snapeval.errors import SnapevalError
 
 DRAFTS_ATTRIBUTE = "snapeval_drafts"  # what attach_draft sets on a target model: draft name -> Draft
-SELF = "self"
 
 
 @dataclass(frozen=True)
@@ -165,7 +164,7 @@ def chosen_columns(scores: torch.Tensor, keep: int, chunk: int, window: int) -> 
 
 
 def _draft(model: Any, name: str) -> Draft:
-    if name == SELF:
+    if name == SELF_DRAFT:
         return Draft(model)
     drafts = getattr(model, DRAFTS_ATTRIBUTE, {})
     if name not in drafts:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -23,6 +23,8 @@ from snapeval.errors import SnapevalError
 
 DEFAULT_BUDGET = 1024
 """Slots per layer and KV head of every budgeted method unless a command line says otherwise."""
+SELF_DRAFT = "self"
+"""The speculative prefill draft that is the target model itself."""
 POOLINGS = ("max", "avg")
 GQA_REDUCTIONS = ("mean", "max")
 
@@ -155,7 +157,7 @@ class SpeculativePrefill:
     method: str = "speculative_prefill"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
-    draft: str = "self"
+    draft: str = SELF_DRAFT
     window: int = 8
     kernel: int = 13
     chunk: int = 32
@@ -165,7 +167,7 @@ class SpeculativePrefill:
         check_count(self.chunk, "cache.chunk", 1)
         check_odd(self.kernel, "cache.kernel")
         if not isinstance(self.draft, str) or not self.draft:
-            message = f"must be a model name, a Hub id or 'self', got {self.draft!r}"
+            message = f"must be a model name, a Hub id or {SELF_DRAFT!r}, got {self.draft!r}"
             raise SnapevalError(message, "cache.draft")
         check_budget(self.budget, self.ratio, self.window, "cache.window")
 
@@ -340,3 +342,8 @@ def check_odd(value: int, field: str) -> None:
 def check_choice(value: str, choices: tuple[str, ...], what: str, field: str) -> None:
     if value not in choices:
         raise SnapevalError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}", field)
+
+
+def draft_names(caches: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The draft models that cache configs name (``cache.draft``), the target itself left out, sorted."""
+    return sorted({str(cache["draft"]) for cache in caches if cache.get("draft") not in (None, SELF_DRAFT)})
