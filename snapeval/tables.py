@@ -50,7 +50,7 @@ SUMMARY_COLUMNS = (
     "trace_tokens",
     "truncated",
 )
-TRACE_COLUMNS = ("trace tok", "truncated")
+TRACE_COLUMNS = tuple(NUMBERS[key][0] for key in ("trace_tokens", "truncated"))  # as they are shown
 #: The keys of :func:`snapeval.results.summary_of` that are numbers, not settings.
 SUMMARY_KEYS = frozenset(
     {"accuracy", "ci_low", "ci_high", "n", "kv_mib", "prefill_s", "decode_tok_s", "trace_tokens", "truncated"}
