@@ -21,7 +21,7 @@ from snapeval import protocols
 from snapeval.batch_rows import usable_rows
 from snapeval.cache import effective_params, install
 from snapeval.configs.check import check
-from snapeval.continuous import Answer, ContinuousBatcher, Request, check_compile
+from snapeval.continuous import Answer, ContinuousBatcher, Request
 from snapeval.errors import SnapevalError
 from snapeval.grid import check_grid, grid_points, shares_prefill
 from snapeval.models import ModelSpec, attach_drafts, check_device, load_model, load_tokenizer
@@ -61,7 +61,6 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     task = cfg["task"]
     if task["name"] == "livecodebench":  # graded in the sandbox: a machine that cannot run it fails now
         isolation()
-    check_compile(cfg["run"]["compile"])
     check_device(cfg["model"].get("device", "auto"))
     AnswerPass.from_config(task.get("answer_pass"))
     check_grid(cfg)
