@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from snapeval.configs.cache import METHODS, effective_params, parameter_names
+from snapeval.configs.methods import METHODS, effective_params, parameter_names
 from snapeval.errors import SnapevalError
 
 GRID_KEYS = ("cache", "params", "share_prefill")

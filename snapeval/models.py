@@ -26,7 +26,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from snapeval.cache.attention import check_model_config
 from snapeval.configs import model as configs_model
-from snapeval.configs.cache import draft_names
+from snapeval.configs.methods import draft_names
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from snapeval.configs.cache import draft_names
+from snapeval.configs.methods import draft_names
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 

@@ -104,6 +104,8 @@ def test_no_import_cycles() -> None:
 ENGINE_DEPENDENCIES = {
     "snapeval.errors": "the one error type",
     "snapeval.configs.cache": "each method's parameters: torch-free dataclasses, defaults and checks",
+    "snapeval.configs.methods": "the methods by name, and what results store of their parameters",
+    "snapeval.configs.values": "the checks of single parameter values",
 }
 
 

@@ -16,8 +16,8 @@ import textwrap
 import pytest
 
 from snapeval.cache import build_cache, method_class, method_classes, method_label
-from snapeval.configs.cache import METHODS, effective_params, parameter_names
 from snapeval.configs.compose import compose_config
+from snapeval.configs.methods import METHODS, effective_params, parameter_names
 from snapeval.errors import SnapevalError
 from snapeval.figures import method_color
 from snapeval.grid import grid_points
@@ -109,8 +109,9 @@ def test_a_method_runs_with_the_defaults_its_docstring_states(method):
     assert option["method"] == method and {"budget", "ratio"} <= set(option)  # a sweep budgets every method
     stated = stated_defaults(params)
     assert list(stated) == [name for name in parameter_names(params) if name != "ratio"]
+    declared = {f.name: f.default for f in dataclasses.fields(params)}
     for name, value in stated.items():
-        default = option[name]
+        default = declared[name]
         written = (
             "null" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
         )
@@ -145,7 +146,7 @@ def test_a_bad_parameter_is_refused_without_importing_torch(torch_refused):
     """The parameters, their checks, the stored form and the grid's points need no torch."""
     code = """
 import sys
-from snapeval.configs.cache import check_cache, effective_params
+from snapeval.configs.methods import check_cache, effective_params
 from snapeval.errors import SnapevalError
 from snapeval.grid import grid_points
 print(effective_params({"method": "snapstream", "budget": 256, "window": 16}))

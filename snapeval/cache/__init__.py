@@ -21,7 +21,7 @@ from snapeval.cache.snapkv import SnapKVCache
 from snapeval.cache.snapstream import SnapStreamCache
 from snapeval.cache.speculative_prefill import SpeculativePrefillCache
 from snapeval.cache.streaming_llm import StreamingLLMCache
-from snapeval.configs.cache import effective_params
+from snapeval.configs.methods import effective_params
 from snapeval.errors import SnapevalError
 
 __all__ = [

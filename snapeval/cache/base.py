@@ -20,7 +20,7 @@ from transformers.cache_utils import Cache
 from snapeval.cache.layer import KVLayer, Selection
 from snapeval.cache.mla import is_latent, latent_keys, latent_queries
 from snapeval.cache.ring import EMPTY
-from snapeval.configs.cache import method_params, parameter_names
+from snapeval.configs.methods import method_params, parameter_names, stored_params
 
 LAYER_WINDOW = "snapeval_sliding_window"  # an attention module's sliding window, as its prefill passed it
 
@@ -117,7 +117,7 @@ class SnapevalCache(Cache):
 
     def params(self) -> dict:
         """The method and its parameters, as stored with results."""
-        return {"method": self.method, **{name: getattr(self, name) for name in self.parameter_names()}}
+        return {"method": self.method, **stored_params(self.params_class, self)}
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
         """Slots one row needs at a fixed shape: ``prompt_length`` compressed prompt tokens, then

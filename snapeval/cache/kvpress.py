@@ -9,7 +9,8 @@ from snapeval.cache.attention import ROTARY_MODULE
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
 from snapeval.cache.mla import is_latent
 from snapeval.cache.scoring import top_columns
-from snapeval.configs.cache import Kvpress, press_arguments
+from snapeval.configs.cache import Kvpress
+from snapeval.configs.values import press_arguments
 from snapeval.errors import SnapevalError
 
 INSTALL = "pip install 'snapeval[kvpress]'"

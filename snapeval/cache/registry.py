@@ -17,7 +17,7 @@ import pkgutil
 from pathlib import Path
 
 from snapeval.cache.base import SnapevalCache
-from snapeval.configs.cache import built_in, outside_class
+from snapeval.configs.methods import built_in, outside_class
 from snapeval.errors import SnapevalError
 
 

@@ -2,31 +2,36 @@
 
 Each dataclass is a method's single declaration of its parameters, their types, defaults and checks
 (``__post_init__``, one :class:`~snapeval.errors.SnapevalError` naming ``cache.<field>``). Hydra
-composes them from its ConfigStore (``cache=snapstream cache.budget=256``, :func:`register_caches`),
-the engine's classes take their parameters from them (``params_class``), and results store what
-:func:`effective_params` makes of them. Every method has ``budget`` and ``ratio``, so that one sweep can
-give a budget to all; a method that takes neither ignores them (``setting(stored=False)``). Nothing
-here imports torch: a bad parameter is refused before any model loads.
+composes them from its ConfigStore (``cache=snapstream cache.budget=256``), the engine's classes take
+their parameters from them (``params_class``), and results store what
+:func:`~snapeval.configs.methods.effective_params` makes of them. Every method has ``budget`` and
+``ratio``, so that one sweep can give a budget to all; a method that takes neither ignores them
+(``setting(stored=False)``). Nothing here imports torch: a bad parameter is refused before any model
+loads.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
-import typing
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from snapeval.configs.fields import setting
+from snapeval.configs.values import (
+    GQA_REDUCTIONS,
+    check_budget,
+    check_choice,
+    check_count,
+    check_fraction,
+    check_odd,
+    check_snapkv_scoring,
+    press_arguments,
+)
 from snapeval.errors import SnapevalError
 
 DEFAULT_BUDGET = 1024
 """Slots per layer and KV head of every budgeted method unless a command line says otherwise."""
 SELF_DRAFT = "self"
 """The speculative prefill draft that is the target model itself."""
-POOLINGS = ("max", "avg")
-GQA_REDUCTIONS = ("mean", "max")
 
 
 def ignored() -> Any:
@@ -96,8 +101,12 @@ class SnapStream:
     ``sinks``, the last ``window`` and the best of the rest by SnapKV's scores), the other ``ring`` slots
     a ring of generated tokens that overwrites its oldest.
 
-    Defaults: budget 1024, window 32, kernel 7, pooling max, sinks 4, ring 64, gqa_reduce mean.
-    ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
+    ``reselect_every`` (off by default: SnapStream is the paper's method) re-scores instead of dropping:
+    whenever the ring is full, its generated tokens are scored by SnapKV's priority from the last ``window``
+    generated queries, and the ``reselect_every`` lowest are evicted (the prompt stays pinned).
+
+    Defaults: budget 1024, window 32, kernel 7, pooling max, sinks 4, ring 64, gqa_reduce mean,
+    reselect_every null. ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
     """
 
     method: str = "snapstream"
@@ -109,11 +118,19 @@ class SnapStream:
     sinks: int = 4
     ring: int = 64
     gqa_reduce: str = "mean"
+    reselect_every: int | None = setting(None, when_set=True)
 
     def __post_init__(self) -> None:
         check_snapkv_scoring(self.window, self.kernel, self.pooling, self.gqa_reduce)
         check_count(self.sinks, "cache.sinks", 0)
         check_count(self.ring, "cache.ring", 1)
+        if self.reselect_every is not None and (
+            not isinstance(self.reselect_every, int) or not 0 < self.reselect_every < self.ring
+        ):
+            message = (
+                f"must be null or an integer in [1, cache.ring = {self.ring}), got {self.reselect_every!r}"
+            )
+            raise SnapevalError(message, "cache.reselect_every")
         reserved = self.window + self.sinks + self.ring
         check_budget(self.budget, self.ratio, reserved, "cache.window + cache.sinks + cache.ring")
 
@@ -173,12 +190,53 @@ class SpeculativePrefill:
 
 
 @dataclass
+class RKV:
+    """R-KV (arXiv:2505.24133): redundancy-aware compression while decoding, for reasoning traces. A row of
+    ``budget + buffer`` slots per layer and KV head; whenever it is full, each layer and KV head keeps
+    ``budget`` tokens: the last ``window`` and the best of the rest by ``mix_lambda * importance -
+    (1 - mix_lambda) * redundancy``. Importance: the last ``window`` queries' attention logits (max over
+    each GQA group), softmax over the other tokens, mean over the window, max-pooled with ``kernel``.
+    Redundancy: each token's mean cosine similarity to the held keys (each token's most recent look-alike
+    above ``threshold`` not counted), softmaxed. A prompt longer than ``budget`` is cut the same way.
+
+    Defaults: budget 1024, buffer 128, window 8, kernel 7, mix_lambda 0.1, threshold 0.5 (all but the
+    budget from the authors' code and paper). ``ratio`` is ignored.
+    """
+
+    method: str = "rkv"
+    budget: int | None = DEFAULT_BUDGET
+    ratio: float | None = ignored()
+    buffer: int = 128
+    window: int = 8
+    kernel: int = 7
+    mix_lambda: float = 0.1
+    threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_count(self.window, "cache.window", 1)
+        check_count(self.buffer, "cache.buffer", self.window)
+        check_odd(self.kernel, "cache.kernel")
+        check_fraction(self.mix_lambda, "cache.mix_lambda", 0.0)
+        check_fraction(self.threshold, "cache.threshold", -1.0)
+        if not isinstance(self.budget, int) or self.budget <= self.window:
+            message = f"must be an integer larger than cache.window = {self.window}, got {self.budget!r}"
+            raise SnapevalError(message, "cache.budget")
+
+
+@dataclass
 class Kvpress:
     """kvpress (https://github.com/NVIDIA/kvpress): the scorer press ``press`` (a class of ``kvpress``
     with a ``score`` method, made with the JSON object ``press_args``) scores each layer's prompt tokens
     per KV head; the ``budget`` best are kept, or without a budget ``int(L * (1 - compression_ratio))``.
 
+    ``decoding`` also compresses while decoding, as kvpress's ``DecodingPress`` (after a prefill compressed
+    to ``budget``: its ``PrefillDecodingPress``): every ``compression_interval`` decode steps each layer is
+    scored again (the press reading the attention inputs of the last ``hidden_states_buffer_size`` steps
+    since the last compression) and cut to ``budget`` (kvpress's ``target_size``), in rows of
+    ``budget + compression_interval`` slots.
+
     Defaults: budget null, compression_ratio 0.5, press SnapKVPress, press_args {} (the press's own
+    defaults), decoding false, compression_interval 512, hidden_states_buffer_size 256 (kvpress's
     defaults). A ``budget`` replaces the ratio; ``ratio`` is ignored.
     """
 
@@ -188,9 +246,21 @@ class Kvpress:
     compression_ratio: float | None = 0.5
     press: str = "SnapKVPress"
     press_args: str = "{}"
+    decoding: bool = setting(False, when_set=True)
+    compression_interval: int | None = setting(512, when_set=True)
+    hidden_states_buffer_size: int | None = setting(256, when_set=True)
 
     def __post_init__(self) -> None:
         budget, compression_ratio = self.budget, self.compression_ratio
+        if not isinstance(self.decoding, bool):
+            raise SnapevalError(f"must be true or false, got {self.decoding!r}", "cache.decoding")
+        if self.decoding:
+            check_count(self.compression_interval, "cache.compression_interval", 1)
+            check_count(self.hidden_states_buffer_size, "cache.hidden_states_buffer_size", 0)
+            if budget is None:
+                raise SnapevalError("decoding=true needs a budget (kvpress's target_size)", "cache.budget")
+        else:  # what decoding alone reads
+            self.compression_interval = self.hidden_states_buffer_size = None
         if budget is not None and (not isinstance(budget, int) or budget <= 0):
             raise SnapevalError(f"must be a positive integer or null, got {budget!r}", "cache.budget")
         ratio_ok = isinstance(compression_ratio, int | float) and 0 <= compression_ratio < 1
@@ -199,151 +269,3 @@ class Kvpress:
         if budget is not None:
             self.compression_ratio = None  # a budget replaces it
         press_arguments(self.press_args)
-
-
-def press_arguments(press_args: str) -> dict[str, Any]:
-    """A kvpress press's ``press_args`` read as a JSON object."""
-    takes = f'must be a JSON object such as {{"name": 1}}, got {press_args!r}'
-    try:
-        arguments = json.loads(press_args)
-    except (TypeError, ValueError) as error:
-        raise SnapevalError(f"{takes} ({error})", "cache.press_args") from None
-    if not isinstance(arguments, dict):
-        raise SnapevalError(takes, "cache.press_args")
-    return arguments
-
-
-METHODS: dict[str, type] = {
-    cls.method: cls for cls in (Full, Kvpress, SageKV, SnapKV, SnapStream, SpeculativePrefill, StreamingLLM)
-}
-"""The built-in methods, name -> parameters: ``full`` first, the rest by name."""
-
-
-def register_caches(config_store: Any) -> None:
-    """Make every built-in method an option of Hydra's ``cache`` group (``cache=snapstream``)."""
-    for name, params_class in METHODS.items():
-        config_store.store(group="cache", name=name, node=params_class)
-
-
-def params_class(method: object) -> type | None:
-    """The parameters of ``method``: a built-in name (without torch), or ``package.module:ClassName``
-    (its engine class's ``params_class``; None if it declares none: it takes no parameters)."""
-    if isinstance(method, str) and ":" in method:
-        return getattr(outside_class(method), "params_class", None)
-    return METHODS[built_in(method)]
-
-
-def built_in(method: object) -> str:
-    """``method`` if it names a built-in method, else the one-line error naming ``cache.method``."""
-    if method not in METHODS:
-        raise SnapevalError(
-            f"unknown method {method!r}; choose one of {', '.join(METHODS)} or give package.module:ClassName",
-            "cache.method",
-        )
-    return str(method)
-
-
-def outside_class(path: str) -> Any:
-    """The class that ``package.module:ClassName`` names (a method kept outside snapeval)."""
-    module_name, _, class_name = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as error:
-        raise SnapevalError(f"cannot load {path!r}: {error}", "cache.method") from None
-
-
-def parameter_names(params: type | None) -> list[str]:
-    """The parameters a method takes: its fields but ``method`` and those it ignores."""
-    if params is None:
-        return []
-    return [f.name for f in fields(params) if f.name != "method" and f.metadata.get("stored", True)]
-
-
-def method_params(params: type, given: Mapping[str, Any]) -> Any:
-    """``params`` made from ``given`` (its fields; the checks run): a ratio given without a budget
-    stands instead of the default budget, and an integer given to a number field is that number, as
-    Hydra composes it (a grid's ``ratio: 1`` is stored as the ``cache.ratio=1`` of a run alone)."""
-    hints = typing.get_type_hints(params)
-    names = {f.name for f in fields(params)}
-    given = {name: _as_typed(value, hints[name]) for name, value in given.items() if name in names}
-    if given.get("ratio") is not None and "budget" not in given and "budget" in names:
-        given["budget"] = None
-    return params(**given)
-
-
-def _as_typed(value: Any, hint: Any) -> Any:
-    numbers = hint is float or float in typing.get_args(hint)
-    return float(value) if numbers and isinstance(value, int) and not isinstance(value, bool) else value
-
-
-def effective_params(cache: Mapping[str, Any]) -> dict[str, Any]:
-    """What a cache config stands for, as results store it: its method and the parameters that method
-    takes, defaults filled in, the rest dropped (two configs that make the same cache give the same)."""
-    method = cache.get("method")
-    params = params_class(method)
-    if params is None:
-        return {"method": method}
-    made = method_params(params, cache)
-    return {"method": method, **{name: getattr(made, name) for name in parameter_names(params)}}
-
-
-def check_cache(cache: Mapping[str, Any], grid: bool = False) -> None:
-    """Refuse a composed ``cache`` node with a key its method does not have (in a ``grid``: that no method
-    has, the points sharing the grid's parameters) or a bad value (outside a grid, for a built-in
-    method; one outside the package is checked when its module loads)."""
-    method = cache.get("method")
-    if grid:
-        known = sorted({f.name for params in METHODS.values() for f in fields(params)})
-        owner = "the caches take"
-    elif isinstance(method, str) and ":" in method:
-        return
-    else:
-        known = [f.name for f in fields(params_class(method))]
-        owner = f"{method} takes"
-    for key in cache:
-        if key not in known:
-            raise SnapevalError(f"unknown key; {owner} {', '.join(sorted(known))}", f"cache.{key}")
-    if not grid:
-        method_params(params_class(method), cache)
-
-
-def check_budget(budget: int | None, ratio: float | None, reserved: int, reserved_what: str) -> None:
-    """Exactly one of ``budget`` (slots) or ``ratio`` (kept share of the prompt); budget > reserved."""
-    if (budget is None) == (ratio is None):
-        raise SnapevalError(
-            "give exactly one of cache.budget (slots) or cache.ratio (share kept)", "cache.budget"
-        )
-    if ratio is not None and not 0 < ratio <= 1:
-        raise SnapevalError(f"must be in (0, 1], got {ratio}", "cache.ratio")
-    if budget is not None and (not isinstance(budget, int) or budget <= reserved):
-        raise SnapevalError(
-            f"must be an integer larger than {reserved_what} = {reserved}, got {budget}", "cache.budget"
-        )
-
-
-def check_snapkv_scoring(window: int, kernel: int, pooling: str, gqa_reduce: str) -> None:
-    if not isinstance(window, int) or window <= 0:
-        raise SnapevalError(f"must be a positive integer, got {window}", "cache.window")
-    check_odd(kernel, "cache.kernel")
-    check_choice(pooling, POOLINGS, "pooling", "cache.pooling")
-    check_choice(gqa_reduce, GQA_REDUCTIONS, "reduction", "cache.gqa_reduce")
-
-
-def check_count(value: int, field: str, minimum: int) -> None:
-    if not isinstance(value, int) or value < minimum:
-        raise SnapevalError(f"must be an integer >= {minimum}, got {value}", field)
-
-
-def check_odd(value: int, field: str) -> None:
-    if not isinstance(value, int) or value <= 0 or value % 2 == 0:
-        raise SnapevalError(f"must be a positive odd integer, got {value}", field)
-
-
-def check_choice(value: str, choices: tuple[str, ...], what: str, field: str) -> None:
-    if value not in choices:
-        raise SnapevalError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}", field)
-
-
-def draft_names(caches: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The draft models that cache configs name (``cache.draft``), the target itself left out, sorted."""
-    return sorted({str(cache["draft"]) for cache in caches if cache.get("draft") not in (None, SELF_DRAFT)})

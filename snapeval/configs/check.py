@@ -21,8 +21,8 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from snapeval.configs.cache import METHODS, check_cache
 from snapeval.configs.compose import compose_config, field_error
+from snapeval.configs.methods import METHODS, check_cache
 from snapeval.configs.model import ModelConfig
 from snapeval.configs.root import Config
 from snapeval.configs.task import task_schema
@@ -66,7 +66,7 @@ def check(config: Mapping[str, Any]) -> None:
 
 def typed(config: Mapping[str, Any]) -> Config:
     """``config`` as its dataclasses: the root, the schema of its task's kind and the model; its cache
-    as its method's parameters (:func:`~snapeval.configs.cache.check_cache`: in a grid, whose points
+    as its method's parameters (:func:`~snapeval.configs.methods.check_cache`: in a grid, whose points
     take the parameters of all its methods, keys of any of them)."""
     names = {"task": _name(config, "task", "name"), "model": _name(config, "model", "name")}
     try:

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from typing import Any
 
-from snapeval.configs.cache import METHODS
+from snapeval.configs.methods import METHODS
 from snapeval.configs.root import declared_fields
 
 RENAMED: dict[str, str] = {

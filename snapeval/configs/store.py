@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
 
-from snapeval.configs.cache import register_caches
+from snapeval.configs.methods import register_caches
 from snapeval.configs.model import ModelConfig
 from snapeval.configs.root import Config
 from snapeval.configs.task import SCHEMAS

@@ -73,7 +73,7 @@ def cached_tokens(method: str, context: int, budget: int | None) -> int:
 
 def method_names() -> list[str]:
     """The methods the estimator knows: the built-in ones (their parameters' registry, without torch)."""
-    from snapeval.configs.cache import METHODS
+    from snapeval.configs.methods import METHODS
 
     return list(METHODS)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from snapeval.configs import legacy
-from snapeval.configs.cache import effective_params
+from snapeval.configs.methods import effective_params
 from snapeval.configs.root import declared_fields
 from snapeval.protocols import changed_settings
 
@@ -66,7 +66,7 @@ VERSIONED_PACKAGES: dict[str, str] = {
 
 def identity(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """What a run of ``cfg`` is stored and found under: its :func:`stored_config`, its cache given by
-    :func:`~snapeval.configs.cache.effective_params`, and that config's :func:`config_hash`."""
+    :func:`~snapeval.configs.methods.effective_params`, and that config's :func:`config_hash`."""
     stored = stored_config(cfg, effective_params(cfg["cache"]))
     return stored, config_hash(stored)
 

@@ -1,0 +1,134 @@
+"""The built-in methods by name, and what configs and results make of a method's parameters.
+
+:data:`METHODS` maps each name to its parameters' dataclass (:mod:`snapeval.configs.cache`);
+:func:`effective_params` is what results store of a cache config, :func:`check_cache` refuses a bad one in
+one line, and :func:`register_caches` makes every method an option of Hydra's ``cache`` group. No torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import fields
+from typing import Any
+
+from snapeval.configs.cache import (
+    SELF_DRAFT,
+    Full,
+    Kvpress,
+    SageKV,
+    SnapKV,
+    SnapStream,
+    SpeculativePrefill,
+    StreamingLLM,
+)
+from snapeval.errors import SnapevalError
+
+METHODS: dict[str, type] = {
+    cls.method: cls for cls in (Full, Kvpress, SageKV, SnapKV, SnapStream, SpeculativePrefill, StreamingLLM)
+}
+"""The built-in methods, name -> parameters: ``full`` first, the rest by name."""
+
+
+def register_caches(config_store: Any) -> None:
+    """Make every built-in method an option of Hydra's ``cache`` group (``cache=snapstream``)."""
+    for name, params_class in METHODS.items():
+        config_store.store(group="cache", name=name, node=params_class)
+
+
+def params_class(method: object) -> type | None:
+    """The parameters of ``method``: a built-in name (without torch), or ``package.module:ClassName``
+    (its engine class's ``params_class``; None if it declares none: it takes no parameters)."""
+    if isinstance(method, str) and ":" in method:
+        return getattr(outside_class(method), "params_class", None)
+    return METHODS[built_in(method)]
+
+
+def built_in(method: object) -> str:
+    """``method`` if it names a built-in method, else the one-line error naming ``cache.method``."""
+    if method not in METHODS:
+        raise SnapevalError(
+            f"unknown method {method!r}; choose one of {', '.join(METHODS)} or give package.module:ClassName",
+            "cache.method",
+        )
+    return str(method)
+
+
+def outside_class(path: str) -> Any:
+    """The class that ``package.module:ClassName`` names (a method kept outside snapeval)."""
+    module_name, _, class_name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise SnapevalError(f"cannot load {path!r}: {error}", "cache.method") from None
+
+
+def parameter_names(params: type | None) -> list[str]:
+    """The parameters a method takes: its fields but ``method`` and those it ignores."""
+    if params is None:
+        return []
+    return [f.name for f in fields(params) if f.name != "method" and f.metadata.get("stored", True)]
+
+
+def method_params(params: type, given: Mapping[str, Any]) -> Any:
+    """``params`` made from ``given`` (its fields; the checks run): a ratio given without a budget
+    stands instead of the default budget, and an integer given to a number field is that number, as
+    Hydra composes it (a grid's ``ratio: 1`` is stored as the ``cache.ratio=1`` of a run alone)."""
+    hints = typing.get_type_hints(params)
+    names = {f.name for f in fields(params)}
+    given = {name: _as_typed(value, hints[name]) for name, value in given.items() if name in names}
+    if given.get("ratio") is not None and "budget" not in given and "budget" in names:
+        given["budget"] = None
+    return params(**given)
+
+
+def _as_typed(value: Any, hint: Any) -> Any:
+    numbers = hint is float or float in typing.get_args(hint)
+    return float(value) if numbers and isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def effective_params(cache: Mapping[str, Any]) -> dict[str, Any]:
+    """What a cache config stands for, as results store it: its method and the parameters that method
+    takes, defaults filled in, the rest dropped (two configs that make the same cache give the same)."""
+    method = cache.get("method")
+    params = params_class(method)
+    if params is None:
+        return {"method": method}
+    return {"method": method, **stored_params(params, method_params(params, cache))}
+
+
+def stored_params(params: type | None, values: Any) -> dict[str, Any]:
+    """The parameters of ``params`` as results store them, read off ``values`` (the dataclass, or an
+    engine built from it): an option left unset (a ``when_set`` field at null or false) is left out, so
+    that adding an option keeps every earlier result's identity."""
+    if params is None:
+        return {}
+    unset = {f.name for f in fields(params) if f.metadata.get("when_set")}
+    stored = {name: getattr(values, name) for name in parameter_names(params)}
+    return {name: value for name, value in stored.items() if name not in unset or value not in (None, False)}
+
+
+def check_cache(cache: Mapping[str, Any], grid: bool = False) -> None:
+    """Refuse a composed ``cache`` node with a key its method does not have (in a ``grid``: that no method
+    has, the points sharing the grid's parameters) or a bad value (outside a grid, for a built-in
+    method; one outside the package is checked when its module loads)."""
+    method = cache.get("method")
+    if grid:
+        known = sorted({f.name for params in METHODS.values() for f in fields(params)})
+        owner = "the caches take"
+    elif isinstance(method, str) and ":" in method:
+        return
+    else:
+        known = [f.name for f in fields(params_class(method))]
+        owner = f"{method} takes"
+    for key in cache:
+        if key not in known:
+            raise SnapevalError(f"unknown key; {owner} {', '.join(sorted(known))}", f"cache.{key}")
+    if not grid:
+        method_params(params_class(method), cache)
+
+
+def draft_names(caches: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The draft models that cache configs name (``cache.draft``), the target itself left out, sorted."""
+    return sorted({str(cache["draft"]) for cache in caches if cache.get("draft") not in (None, SELF_DRAFT)})
