@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.cache_utils import Cache
 
+from snapeval.cache.eviction import Eviction
 from snapeval.cache.layer import KVLayer, Selection
 from snapeval.cache.mla import is_latent, latent_keys, latent_queries
 from snapeval.cache.ring import EMPTY
@@ -37,6 +38,13 @@ class LayerPrompt:
     :mod:`snapeval.cache.scoring`); a prompt is never changed in place. ``values``, the attention
     ``module`` and its forward's keyword ``inputs`` (``hidden_states``, ``position_embeddings``, ...) are
     there for methods that score from them (``inputs`` only for a cache with ``wants_layer_inputs``).
+
+    At a decode-time re-selection (:mod:`snapeval.cache.eviction`) the same fields describe what a layer
+    holds: ``keys``/``values`` its held slots in storage order, ``positions`` (batch, cache_heads, S) their
+    input columns, ``query`` the recent queries (oldest first; possibly none), ``valid`` all true,
+    ``prompt_length`` the columns before decoding began, and ``inputs`` the recent attention inputs
+    (``hidden_states`` (batch, n, hidden), oldest first) and the last fed token's
+    ``position_embeddings``.
     """
 
     keys: torch.Tensor
@@ -47,6 +55,8 @@ class LayerPrompt:
     values: torch.Tensor | None = None
     module: torch.nn.Module | None = None
     inputs: Mapping[str, Any] = field(default_factory=dict)
+    positions: torch.Tensor | None = None
+    prompt_length: int | None = None
 
     @property
     def length(self) -> int:
@@ -118,6 +128,16 @@ class SnapevalCache(Cache):
     def params(self) -> dict:
         """The method and its parameters, as stored with results."""
         return {"method": self.method, **stored_params(self.params_class, self)}
+
+    def decode_eviction(self, prompt_length: int) -> Eviction | None:
+        """How this cache evicts while decoding after a prompt of ``prompt_length`` tokens, or None: it
+        never re-selects (a method that does overrides this and :meth:`reselect`)."""
+        return None
+
+    def reselect(self, held: LayerPrompt, keep: int) -> torch.Tensor:
+        """(batch, cache_heads, n <= keep) the slots of ``held`` (a layer's held slots, see
+        :class:`LayerPrompt`) to keep at a decode-time re-selection, in the order to store them."""
+        raise NotImplementedError(f"{type(self).__name__} does not re-select while decoding")
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
         """Slots one row needs at a fixed shape: ``prompt_length`` compressed prompt tokens, then
