@@ -1,0 +1,225 @@
+"""SnapStream with decode-time re-selection (``cache.reselect_every``) against references written here.
+
+* The re-selection's kept slots == a naive loop reference (softmax attention of the recent queries over
+  the held slots, pooled, GQA-reduced; prompt slots and the recent tokens always kept), on random tensors
+  and on an MLA layer (per-head keys decompressed one by one).
+* A budget holding the prompt and every generated token never evicts: the same greedy tokens as plain
+  SnapStream and the full cache.
+* At a small budget, decoding re-selects (generated tokens older than a ring would hold stay), never moves
+  the prompt, and gives the tokens of a naive generation loop on a plain DynamicCache that gathers the
+  reference's slots whenever the row is full; the batcher gives them too.
+* Unset, the option changes nothing: no eviction rule, and the stored parameters are the earlier ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from snapeval.cache import SnapStreamCache, build_cache, effective_params, install
+from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
+from snapeval.cache.eviction import Eviction
+from snapeval.generation import generate, prefill_logits
+
+from .conftest import TINY_VOCAB
+from .families import FAMILIES
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
+SMALL = {"budget": 24, "ring": 12, "window": 4, "kernel": 3, "sinks": 2, "reselect_every": 4}
+PROMPT_LENGTH = 40
+NEW_TOKENS = 40
+
+
+def naive_reselect(
+    head_keys: list[torch.Tensor],
+    query: torch.Tensor,
+    scaling: float,
+    group: int,
+    prompt_slots: list[list[bool]],
+    kernel: int,
+    pooling: str,
+    gqa_reduce: str,
+    keep: int,
+) -> list[list[int]]:
+    """Per cache head, the ascending held slots a re-selection keeps, in float64 loops.
+
+    ``head_keys[h]``: (S, d) the keys query head h scores (held slots in storage order); ``query``:
+    (heads, w, d) the last w tokens' queries, those tokens being the last w slots; ``group``: query heads
+    per cache head; ``prompt_slots[g][j]``: slot j of cache head g holds a prompt token (always kept).
+    """
+    heads, w, _ = query.shape
+    held = head_keys[0].shape[0]
+    prefix = held - w
+    pooled_heads = []
+    for h in range(heads):
+        keys = head_keys[h].double()
+        summed = [0.0] * held
+        for i in range(w):
+            logits = [float(query[h, i].double() @ keys[j]) * scaling for j in range(prefix + i + 1)]
+            top = max(logits)
+            weights = [math.exp(x - top) for x in logits]
+            for j, weight in enumerate(weights):
+                summed[j] += weight / sum(weights)
+        pooled = []
+        for j in range(prefix):
+            around = [summed[n] for n in range(j - kernel // 2, j + kernel // 2 + 1) if 0 <= n < prefix]
+            pooled.append(max(around) if pooling == "max" else sum(around) / kernel)
+        pooled_heads.append(pooled)
+    kept = []
+    for g in range(heads // group):
+        members = pooled_heads[g * group : (g + 1) * group]
+        scores = [
+            sum(m[j] for m in members) / group if gqa_reduce == "mean" else max(m[j] for m in members)
+            for j in range(prefix)
+        ]
+        forced = {j for j in range(held) if prompt_slots[g][j]} | set(range(prefix, held))
+        ranked = sorted((j for j in range(prefix) if j not in forced), key=lambda j: (-scores[j], j))
+        kept.append(sorted(forced | set(ranked[: keep - len(forced)])))
+    return kept
+
+
+def held_positions(generator: torch.Generator, kv_heads: int, prompt: int, pinned: int, held: int, w: int):
+    """(1, kv_heads, held) columns as a SnapStream row holds them: ``pinned`` prompt columns ascending,
+    then generated ones ascending, the last ``w`` the tokens just fed."""
+    rows = []
+    for _ in range(kv_heads):
+        kept_prompt = torch.randperm(prompt, generator=generator)[:pinned].sort().values
+        older = prompt + torch.randperm(30, generator=generator)[: held - pinned - w].sort().values
+        rows.append(torch.cat([kept_prompt, older, prompt + 30 + torch.arange(w)]))
+    return torch.stack(rows)[None]
+
+
+@pytest.mark.parametrize("pooling,gqa_reduce,w", [("max", "mean", 4), ("avg", "max", 4), ("max", "mean", 2)])
+def test_reselection_keeps_what_the_naive_reference_keeps_on_random_tensors(pooling, gqa_reduce, w):
+    generator = torch.Generator().manual_seed(5)
+    held, pinned, prompt = 36, 10, 50
+    keys = torch.randn(1, 2, held, 8, generator=generator)
+    query = torch.randn(1, 6, w, 8, generator=generator) * 2
+    positions = held_positions(generator, 2, prompt, pinned, held, w)
+    layer = LayerPrompt(
+        keys, query, torch.ones(1, held, dtype=torch.bool), 1 / math.sqrt(8), positions=positions
+    )
+    layer.prompt_length = prompt
+    cache = SnapStreamCache(
+        budget=held,
+        ring=20,
+        window=4,
+        kernel=5,
+        sinks=2,
+        pooling=pooling,
+        gqa_reduce=gqa_reduce,
+        reselect_every=6,
+    )
+    kept = cache.reselect(layer, keep=20)
+    prompt_slots = (positions[0] < prompt).tolist()
+    expected = naive_reselect(
+        [keys[0, h // 3] for h in range(6)],
+        query[0],
+        1 / math.sqrt(8),
+        3,
+        prompt_slots,
+        5,
+        pooling,
+        gqa_reduce,
+        20,
+    )
+    assert kept.shape == (1, 2, 20)
+    assert kept[0].tolist() == expected
+    assert all(set(range(pinned)) <= set(row) for row in expected)  # the prompt stays
+    assert expected[0] != expected[1]  # each KV head chooses on its own
+
+
+class Recorder(SnapevalCache):
+    """Keeps every layer's prompt as the methods see it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list[LayerPrompt] = []
+
+    def select(self, prompt: LayerPrompt) -> Selection:
+        self.prompts.append(prompt)
+        return Selection()
+
+
+@torch.no_grad()
+def test_on_mla_the_reselection_scores_the_latent_as_the_per_head_keys():
+    model = install(FAMILIES["deepseek_v3"](TINY_VOCAB))
+    recorder = Recorder()
+    ids = torch.randint(3, TINY_VOCAB, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+    prefill_logits(model, ids, recorder)
+    w, prompt_length = 3, 20  # the first 20 columns stand for the prompt, the rest for generated tokens
+    slots = torch.tensor([0, 1, 4, 7, 9, 12, 15, 19, 21, 22, 24, 25, 26, 27, 28, 29])
+    for layer, recorded in enumerate(recorder.prompts):
+        module = model.model.layers[layer].self_attn
+        held = LayerPrompt(
+            recorded.keys[:, :, slots],
+            recorded.query[:, :, -w:],
+            torch.ones(1, len(slots), dtype=torch.bool),
+            recorded.scaling,
+            values=recorded.values[:, :, slots],
+            module=module,
+            positions=slots[None, None],
+            prompt_length=prompt_length,
+        )
+        cache = build_cache({"method": "snapstream", "budget": 40, "window": 4, "kernel": 3, "ring": 12})
+        kept = cache.reselect(held, keep=12)
+        latent, rotary = held.keys[0, 0], held.values[0, 0]
+        nope, width = module.qk_nope_head_dim, module.qk_nope_head_dim + module.v_head_dim
+        weight = module.kv_b_proj.weight.double()
+        heads = held.query.shape[1]
+        ups = [weight[h * width : h * width + nope] for h in range(heads)]
+        head_keys = [torch.cat([latent.double() @ up.T, rotary.double()], dim=-1) for up in ups]
+        prompt_slots = [(slots < prompt_length).tolist()]
+        expected = naive_reselect(
+            head_keys, held.query[0], module.scaling, heads, prompt_slots, 3, "max", "mean", 12
+        )
+        assert kept[0].tolist() == expected
+        assert len(set(expected[0]) & set(range(8, 13))) == 12 - 8 - w  # some generated slots were dropped
+
+
+def test_the_eviction_rule_and_the_stored_parameters():
+    plain = {"method": "snapstream", "budget": 256}
+    assert SnapStreamCache(budget=256).decode_eviction(300) is None
+    assert "reselect_every" not in effective_params(plain)
+    assert effective_params(plain) == {
+        "method": "snapstream",
+        "budget": 256,
+        "ratio": None,
+        "window": 32,
+        "kernel": 7,
+        "pooling": "max",
+        "sinks": 4,
+        "ring": 64,
+        "gqa_reduce": "mean",
+    }
+    assert effective_params({**plain, "reselect_every": 16}) == {
+        **effective_params(plain),
+        "reselect_every": 16,
+    }
+    cache = SnapStreamCache(budget=256, reselect_every=16)
+    assert cache.decode_eviction(300) == Eviction(keep=240, slots=256, every=None, queries=32)
+    by_ratio = SnapStreamCache(budget=None, ratio=0.5, window=8, sinks=2, ring=16, reselect_every=4)
+    assert by_ratio.decode_eviction(300) == Eviction(keep=146, slots=150, queries=8)
+    assert by_ratio.decode_slots(300, 50) == 150
+
+
+@pytest.fixture(scope="module")
+def prompt_ids() -> list[int]:
+    generator = torch.Generator().manual_seed(3)
+    return torch.randint(3, TINY_VOCAB, (PROMPT_LENGTH,), generator=generator).tolist()
+
+
+def test_a_budget_holding_everything_never_evicts_and_equals_the_full_cache(tiny_llama, prompt_ids):
+    holding = {"budget": PROMPT_LENGTH + NEW_TOKENS + 8, "ring": NEW_TOKENS + 4, "window": 4, "kernel": 3}
+    full = generate(tiny_llama, prompt_ids, DynamicCache(), NEW_TOKENS, set()).tokens
+    plain = generate(tiny_llama, prompt_ids, SnapStreamCache(**holding), NEW_TOKENS, set()).tokens
+    cache = SnapStreamCache(**holding, reselect_every=4)
+    reselecting = generate(tiny_llama, prompt_ids, cache, NEW_TOKENS, set()).tokens
+    assert reselecting == plain == full
+    fed = PROMPT_LENGTH + NEW_TOKENS - 1  # the last token is drawn, never fed
+    for layer in range(len(cache.layers)):
+        assert sorted(cache.kept_positions(layer)[0, 0].tolist()) == [-1] * (88 - fed) + list(range(fed))
