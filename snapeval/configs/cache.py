@@ -231,9 +231,9 @@ class Kvpress:
 
     ``decoding`` also compresses while decoding, as kvpress's ``DecodingPress`` (after a prefill compressed
     to ``budget``: its ``PrefillDecodingPress``): every ``compression_interval`` decode steps each layer is
-    scored again (the press reading the attention inputs of the last ``hidden_states_buffer_size`` steps
-    since the last compression) and cut to ``budget`` (kvpress's ``target_size``), in rows of
-    ``budget + compression_interval`` slots.
+    scored again (the press reading the attention inputs of the steps since the last compression, at most
+    ``hidden_states_buffer_size`` + 1: kvpress's buffer and the step's own) and cut to ``budget``
+    (kvpress's ``target_size``), in rows of ``budget + compression_interval`` slots.
 
     Defaults: budget null, compression_ratio 0.5, press SnapKVPress, press_args {} (the press's own
     defaults), decoding false, compression_interval 512, hidden_states_buffer_size 256 (kvpress's
