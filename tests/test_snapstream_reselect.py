@@ -18,14 +18,17 @@ import math
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from snapeval.cache import SnapStreamCache, build_cache, effective_params, install
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
 from snapeval.cache.eviction import Eviction
+from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.generation import generate, prefill_logits
 
 from .conftest import TINY_VOCAB
 from .families import FAMILIES
+from .test_cache_reference import TOLERANCE, _attention, reference_keep, run_cache
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -220,6 +223,119 @@ def test_a_budget_holding_everything_never_evicts_and_equals_the_full_cache(tiny
     cache = SnapStreamCache(**holding, reselect_every=4)
     reselecting = generate(tiny_llama, prompt_ids, cache, NEW_TOKENS, set()).tokens
     assert reselecting == plain == full
+    request = Request(tuple(prompt_ids), {"method": "snapstream", **holding, "reselect_every": 4}, NEW_TOKENS)
+    answers = []
+    ContinuousBatcher(tiny_llama, rows=1).run([request], answers.append)
+    assert answers[0].tokens == full and answers[0].evictions == ()
     fed = PROMPT_LENGTH + NEW_TOKENS - 1  # the last token is drawn, never fed
     for layer in range(len(cache.layers)):
-        assert sorted(cache.kept_positions(layer)[0, 0].tolist()) == [-1] * (88 - fed) + list(range(fed))
+        assert sorted(cache.kept_positions(layer)[0, 0].tolist()) == [-1] * (holding["budget"] - fed) + list(
+            range(fed)
+        )
+
+
+def _gather(layer, kept: torch.Tensor) -> None:
+    """Keep the slots ``kept`` (kv_heads, n) of a DynamicCache layer, in that order."""
+    index = kept[None, :, :, None].expand(1, -1, -1, layer.keys.shape[-1])
+    layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
+
+
+def reference_generation(model, prompt_ids: list[int], params: dict, steps: int):
+    """Greedy tokens of SnapStream with ``reselect_every`` written from its definition on a plain
+    DynamicCache: the naive SnapKV(+sinks) prefill selection of ``budget - ring`` prompt columns, then
+    whenever a layer holds ``budget`` tokens, the naive re-selection keeps ``budget - reselect_every`` of
+    them. Returns the tokens fed, the logits after each, and every layer's held columns (kv_heads, held)
+    at the end."""
+    budget, window, every = params["budget"], params["window"], params["reselect_every"]
+    queries: dict[int, list[torch.Tensor]] = {}
+
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        queries.setdefault(module.layer_idx, []).append(query[0].clone())
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    cache, length, tokens, step_logits = DynamicCache(), len(prompt_ids), [], []
+    attention = [layer.self_attn for layer in model.model.layers]
+    with _attention(model, "reselect_reference", capture), torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt_ids]), past_key_values=cache).logits[0, -1]
+        positions = {}
+        for index, layer in enumerate(cache.layers):
+            pinned = reference_keep(
+                queries[index].pop(),
+                layer.keys[0],
+                window,
+                params["kernel"],
+                "max",
+                "mean",
+                keep=budget - params["ring"],
+                sinks=params["sinks"],
+            )
+            positions[index] = torch.tensor(pinned)
+            _gather(layer, positions[index])
+        for step in range(steps):
+            tokens.append(int(logits.argmax()))
+            column = length + step
+            logits = model(
+                input_ids=torch.tensor([[tokens[-1]]]),
+                position_ids=torch.tensor([[column]]),
+                past_key_values=cache,
+            ).logits[0, -1]
+            step_logits.append(logits)
+            for index, layer in enumerate(cache.layers):
+                held = torch.cat([positions[index], torch.full_like(positions[index][:, :1], column)], dim=1)
+                positions[index] = held
+                if held.shape[1] < budget:
+                    continue
+                recent = torch.cat(queries[index][-window:], dim=1)
+                group = recent.shape[0] // held.shape[0]
+                kept = naive_reselect(
+                    [layer.keys[0, h // group] for h in range(recent.shape[0])],
+                    recent,
+                    attention[index].scaling,
+                    group,
+                    (held < length).tolist(),
+                    params["kernel"],
+                    "max",
+                    "mean",
+                    budget - every,
+                )
+                positions[index] = held.gather(1, torch.tensor(kept))
+                _gather(layer, torch.tensor(kept))
+    return tokens, torch.stack(step_logits), positions
+
+
+def test_reselection_decodes_as_the_naive_generation_loop_and_the_batcher(tiny_llama, prompt_ids):
+    params, plain = (
+        {"method": "snapstream", **SMALL},
+        {"method": "snapstream", **SMALL, "reselect_every": None},
+    )
+    steps, pinned = NEW_TOKENS - 1, SMALL["budget"] - SMALL["ring"]  # generate feeds all but the last token
+    expected, expected_logits, reference_held = reference_generation(tiny_llama, prompt_ids, SMALL, steps)
+    after_prefill = build_cache(params)
+    prefill_logits(tiny_llama, prompt_ids, after_prefill)
+    cache = build_cache(params)
+    tokens, logits = run_cache(tiny_llama, prompt_ids, cache, steps)
+    assert tokens == expected
+    assert (logits - expected_logits).abs().max().item() < TOLERANCE
+    ring_logits = run_cache(tiny_llama, prompt_ids, build_cache(plain), steps)[1]
+    assert (ring_logits - expected_logits).abs().max().item() > 100 * TOLERANCE  # re-selection shows
+    newest = PROMPT_LENGTH + steps - 1  # the column of the last token fed
+    for index, (layer, prefilled) in enumerate(zip(cache.layers, after_prefill.layers, strict=True)):
+        held = layer.positions[0]
+        assert torch.equal(held[held >= 0].view(held.shape[0], -1), reference_held[index])
+        assert torch.equal(held[:, :pinned], prefilled.positions[0, :, :pinned])  # the prompt never moves
+        assert torch.equal(layer.keys[:, :, :pinned], prefilled.keys[:, :, :pinned])
+        generated = held[:, pinned:]
+        assert (generated[generated >= 0] < newest - SMALL["ring"] + 1).any()  # older than a ring holds
+    requests = [
+        Request(tuple(prompt_ids), cache, NEW_TOKENS, tag=i) for i, cache in enumerate([params, plain])
+    ]
+    got = {}
+    ContinuousBatcher(tiny_llama, rows=2).run(
+        requests, lambda answer: got.__setitem__(answer.request.tag, answer)
+    )
+    assert got[0].tokens == generate(tiny_llama, prompt_ids, build_cache(params), NEW_TOKENS, set()).tokens
+    assert got[0].tokens[:steps] == expected
+    assert got[0].evictions == (12, 16, 20, 24, 28, 32, 36)  # full after 12 tokens, then every 4
+    assert got[0].kept_generated_share == pytest.approx(11 / steps)  # 8 kept at 36, 3 fed since
+    assert got[1].evictions == () and got[1].ring_wraps > 0
+    assert got[1].kept_generated_share == pytest.approx(12 / steps)  # the ring: the last 12
