@@ -35,6 +35,8 @@ NUMBERS: dict[str, tuple[str, str]] = {
     "s_per_sample": ("s/sample", "{:.2f}"),
     "trace_tokens": ("trace tok", "{:.0f}"),
     "truncated": ("truncated", "{:.0%}"),
+    "evictions": ("evictions", "{:.1f}"),
+    "kept_generated": ("gen kept", "{:.0%}"),
 }
 #: The numbers of each table, in the one order every table keeps.
 RUN_COLUMNS = ("accuracy", CI, PASS_AT, "n", "computed", "kv_mib", "prefill_s", "decode_tok_s")
@@ -49,11 +51,15 @@ SUMMARY_COLUMNS = (
     "decode_tok_s",
     "trace_tokens",
     "truncated",
+    "evictions",
+    "kept_generated",
 )
-TRACE_COLUMNS = tuple(NUMBERS[key][0] for key in ("trace_tokens", "truncated"))  # as they are shown
+#: The trace columns as they are shown: the summary drops each that no experiment has.
+TRACE_COLUMNS = tuple(NUMBERS[key][0] for key in ("trace_tokens", "truncated", "evictions", "kept_generated"))
 #: The keys of :func:`snapeval.results.summary_of` that are numbers, not settings.
 SUMMARY_KEYS = frozenset(
-    {"accuracy", "ci_low", "ci_high", "n", "kv_mib", "prefill_s", "decode_tok_s", "trace_tokens", "truncated"}
+    {"accuracy", "ci_low", "ci_high", "n", "kv_mib", "prefill_s", "decode_tok_s"}
+    | {"trace_tokens", "truncated", "evictions", "kept_generated"}
 )
 
 
@@ -136,7 +142,7 @@ def run_table(summaries: Sequence[RunSummary]) -> str:
 
 def summary_table(summaries: pd.DataFrame) -> list[dict[str, Any]]:
     """The rows of the results summary (from :func:`snapeval.results.summarize`): the settings that tell
-    experiments apart, then their numbers; the trace columns only where some experiment has traces."""
+    experiments apart, then their numbers; each trace column only where some experiment has it."""
     rows = []
     for record in summaries.to_dict("records"):
         settings = {k: v for k, v in record.items() if k not in SUMMARY_KEYS and not k.startswith("pass@")}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,6 +14,8 @@ from snapeval.figures import (
     accuracy_vs_budget,
     accuracy_vs_memory,
     budget,
+    decode_evictions,
+    evictions,
     kept,
     kept_positions,
     kept_series,
@@ -35,8 +39,11 @@ def store(
     accuracy: float,
     rng: np.random.Generator,
     kept: list[float] | None = None,
+    slots: int | None = None,
+    decoding: Callable[[int], dict] | None = None,
 ) -> None:
-    """N samples of one setting, each right with probability ``accuracy``, with a kept histogram if given."""
+    """N samples of one setting, each right with probability ``accuracy``, with a kept histogram if given,
+    rows of ``slots`` (default: the budget, else 512), and ``decoding(trace length)`` added to each trace."""
     config = {
         "model": {"name": "smollm2-135m"},
         "task": {"name": task, "context_length": 512},
@@ -44,11 +51,13 @@ def store(
     }
     digest = config_hash(config)
     run_id = db.start_run(config, digest)
-    slots = cache.get("budget", 512)
+    slots = slots or cache.get("budget", 512)
     for index in range(N):
         extra = {"kept_histogram": {"bins": np.linspace(0, 1, 11).tolist(), "counts": kept}} if kept else {}
         length = int(600 - slots + 40 * index)  # smaller budgets, longer traces; 512 new tokens at most
         extra["trace"] = {"generated_tokens": min(length, 512), "truncated": length >= 512}
+        if decoding is not None:
+            extra["trace"] |= decoding(extra["trace"]["generated_tokens"])
         row = {"sample_id": f"{task}-{index}", "score": float(rng.random() < accuracy), "extra": extra}
         db.add_sample(run_id, digest, {**row, "kv_bytes": slots * BYTES_PER_SLOT, "decode_s": 0.1})
     db.finish_run(run_id)
@@ -58,8 +67,35 @@ def snapkv(budget: int, window: int = 32, kernel: int = 7) -> dict:
     return {"method": "snapkv", "budget": budget, "window": window, "kernel": kernel, "pooling": "max"}
 
 
-def snapstream(budget: int) -> dict:
-    return {**snapkv(budget), "method": "snapstream", "sinks": 4, "ring": 64}
+def snapstream(budget: int, reselect_every: int | None = None) -> dict:
+    cache = {**snapkv(budget), "method": "snapstream", "sinks": 4, "ring": 64}
+    return cache | ({"reselect_every": reselect_every} if reselect_every else {})
+
+
+def rkv(budget: int) -> dict:
+    return {"method": "rkv", "budget": budget, "buffer": 64, "window": 8, "kernel": 7, "mix_lambda": 0.1}
+
+
+def kvpress_decoding(budget: int) -> dict:
+    press = {"press": "KnormPress", "press_args": "{}", "decoding": True, "hidden_states_buffer_size": 256}
+    return {"method": "kvpress", "budget": budget, "compression_interval": 64, **press}
+
+
+def reselected(first: int, every: int, generated_held: int, prompt_share: float) -> Callable[[int], dict]:
+    """A trace's decode-time fields for a row re-selected at step ``first`` and every ``every`` steps after
+    (none: ``first`` past the trace), holding ``generated_held`` generated tokens at the end."""
+
+    def decoding(length: int) -> dict:
+        steps = list(range(first, length + 1, every))
+        return {
+            "evictions": steps,
+            "eviction_count": len(steps),
+            "first_eviction_step": steps[0] if steps else None,
+            "kept_prompt_share": prompt_share,
+            "kept_generated_share": min(1.0, generated_held / length),
+        }
+
+    return decoding
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +109,8 @@ def samples(tmp_path_factory):
             for budget in (128, 256, 384):
                 store(db, task, snapkv(budget), budget / 420, rng)
                 store(db, task, snapstream(budget), budget / 400, rng, kept=kept)
+                decoding = reselected(64, 64, budget // 2, 0.3)
+                store(db, task, rkv(budget), budget / 450, rng, slots=budget + 64, decoding=decoding)
             for window in (8, 16, 32):
                 for kernel in (5, 7) if window != 32 else (5,):  # (32, 7) is in the budget sweep
                     store(db, task, snapkv(256, window, kernel), 0.3 + window / 64 - kernel / 50, rng)
@@ -129,6 +167,7 @@ def test_cli_writes_every_figure_it_has_data_for(tmp_path, capsys):
     assert "wrote accuracy_vs_budget" in printed and "wrote accuracy_vs_memory" in printed
     assert "skipped window_kernel_heatmap: no setting was run at two or more windows" in printed
     assert "skipped kept_positions: no sample records" in printed
+    assert "skipped decode_evictions: no sample records a re-selection" in printed
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
         f"{name}.{extension}"
         for name in ("accuracy_vs_budget", "accuracy_vs_memory", "traces_vs_budget")
@@ -179,6 +218,7 @@ DRAW = {
     "accuracy_vs_memory": memory.draw,
     "kept_positions": kept.draw,
     "traces_vs_budget": traces.draw,
+    "decode_evictions": evictions.draw,
 }
 
 
@@ -237,3 +277,99 @@ def test_a_legend_wider_than_one_panel_wraps_and_the_panel_keeps_its_size(sample
     dpi, pad = 300, 2 * 0.02 * 300
     assert PANEL_SIZE[0] * dpi * 0.9 <= width <= PANEL_SIZE[0] * dpi + pad
     assert height > PANEL_SIZE[1] * dpi  # the legend's rows are added below the panel
+
+
+@pytest.fixture(scope="module")
+def reasoning(tmp_path_factory):
+    """An AIME-like sweep: the full cache, SnapKV (no re-selection), SnapStream with and without
+    re-selection, R-KV and a kvpress decoding press (rows of budget + 64 slots), at budgets 128 and 256."""
+    rng = np.random.default_rng(2)
+    with ResultsDB(tmp_path_factory.mktemp("db") / "results.sqlite") as db:
+        store(db, "aime24", {"method": "full"}, 0.6, rng)
+        for size in (128, 256):
+            store(db, "aime24", snapkv(size), 0.3, rng)
+            store(db, "aime24", snapstream(size), 0.3, rng, decoding=reselected(10**6, 1, 64, size / 600))
+            store(db, "aime24", snapstream(size, 16), 0.3, rng, decoding=reselected(64, 16, 64, size / 600))
+            store(
+                db,
+                "aime24",
+                rkv(size),
+                0.4,
+                rng,
+                slots=size + 64,
+                decoding=reselected(64, 64, size // 2, 0.3),
+            )
+            decoding = reselected(64, 64, size // 4, 0.2)
+            store(db, "aime24", kvpress_decoding(size), 0.4, rng, slots=size + 64, decoding=decoding)
+        return db.dataframe()
+
+
+def lengths(size: int) -> list[int]:
+    """The trace lengths :func:`store` gives the samples of rows of ``size`` slots."""
+    return [min(600 - size + 40 * index, 512) for index in range(N)]
+
+
+def test_decode_evictions_draws_accuracy_at_the_memory_each_row_holds(reasoning):
+    accuracy_ax, _, _ = evictions.draw(reasoning).axes
+    lines = {bars.get_label(): bars.lines[0] for bars in accuracy_ax.containers}  # each series' error bars
+    mib = BYTES_PER_SLOT / 2**20
+    drawn = {label: np.asarray(line.get_xdata(), dtype=float) / mib for label, line in lines.items()}
+    assert set(drawn) == {
+        "Full cache",
+        "SnapKV",
+        "SnapStream",
+        "SnapStream, reselect_every=16",
+        "R-KV",
+        "kvpress",
+    }
+    np.testing.assert_allclose(drawn["R-KV"], [128 + 64, 256 + 64])  # budget + buffer
+    np.testing.assert_allclose(drawn["kvpress"], [128 + 64, 256 + 64])  # budget + compression_interval
+    np.testing.assert_allclose(drawn["SnapStream, reselect_every=16"], [128, 256])
+    np.testing.assert_allclose(drawn["Full cache"], [512])
+    variants = lines["SnapStream"], lines["SnapStream, reselect_every=16"]
+    assert variants[0].get_color() == variants[1].get_color()
+    assert variants[0]._unscaled_dash_pattern != variants[1]._unscaled_dash_pattern
+
+
+def test_decode_evictions_draws_the_kept_shares_of_prompt_and_generated_tokens(reasoning):
+    _, kept_ax, _ = evictions.draw(reasoning).axes
+    lines = {line.get_label(): line for line in kept_ax.get_lines()}
+    assert "Full cache" not in lines  # it keeps everything: no shares stored
+    rkv_line = lines["R-KV"]
+    np.testing.assert_allclose(rkv_line.get_xdata(), [0.3, 0.3])
+    held = [np.mean([min(1.0, size // 2 / length) for length in lengths(size + 64)]) for size in (128, 256)]
+    np.testing.assert_allclose(rkv_line.get_ydata(), held)
+    np.testing.assert_allclose(lines["SnapStream"].get_xdata(), [128 / 600, 256 / 600])
+    assert sorted(text.get_text() for text in kept_ax.texts).count("128") == 4  # each series' budgets written
+
+
+def test_decode_evictions_marks_the_steps_of_each_re_selection(reasoning):
+    _, _, steps_ax = evictions.draw(reasoning).axes
+    labels = [text.get_text() for text in steps_ax.texts]
+    expected = {
+        f"R-KV {size}": np.mean([len(range(64, length + 1, 64)) for length in lengths(size + 64)])
+        for size in (128, 256)
+    } | {
+        f"SnapStream {size}, reselect_every=16": np.mean([len(range(64, n + 1, 16)) for n in lengths(size)])
+        for size in (128, 256)
+    }
+    for name, per_sample in expected.items():
+        assert f"{name}: {per_sample:.1f} per sample" in labels
+    assert not any(
+        label.startswith(("SnapKV", "SnapStream 128:", "Full")) for label in labels
+    )  # none evicted
+    assert len(labels) == 6  # kvpress, R-KV and re-selecting SnapStream at two budgets
+    rows = {label.split(":")[0]: row for row, label in enumerate(labels)}
+    events = steps_ax.collections[rows["R-KV 128"]].get_positions()
+    longest = max(lengths(128 + 64))
+    np.testing.assert_array_equal(sorted(events), list(range(64, longest + 1, 64)))
+
+
+def test_decode_evictions_needs_a_re_selection(samples, reasoning, tmp_path):
+    with pytest.raises(NothingToDraw, match="re-selection"):
+        decode_evictions(samples[samples["cache.method"] != "rkv"], tmp_path)
+    no_reselection = reasoning[~reasoning["cache.method"].isin(["rkv", "kvpress"])]
+    no_reselection = no_reselection[no_reselection["cache.reselect_every"].isna()]
+    with pytest.raises(NothingToDraw, match="re-selection"):
+        decode_evictions(no_reselection, tmp_path)
+    assert not list(tmp_path.iterdir())

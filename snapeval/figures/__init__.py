@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from snapeval.figures.budget import accuracy_vs_budget
+from snapeval.figures.evictions import decode_evictions
 from snapeval.figures.heatmap import window_kernel_heatmap
 from snapeval.figures.kept import KeptSeries, kept_positions, kept_series
 from snapeval.figures.memory import accuracy_vs_memory, pareto_front
@@ -32,6 +33,7 @@ FIGURES: dict[str, FigureFunction] = {
     "accuracy_vs_memory": accuracy_vs_memory,
     "kept_positions": kept_positions,
     "traces_vs_budget": traces_vs_budget,
+    "decode_evictions": decode_evictions,
 }
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "NothingToDraw",
     "accuracy_vs_budget",
     "accuracy_vs_memory",
+    "decode_evictions",
     "kept_positions",
     "kept_series",
     "method_color",

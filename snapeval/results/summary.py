@@ -89,12 +89,15 @@ def _mean(values: Iterable[Any]) -> float:
 
 
 def trace_summary(extras: Iterable[Any]) -> dict[str, float]:
-    """Mean generated tokens of the samples' traces and the share that hit ``max_new_tokens``
-    (``extra.trace``, stored by the runner); NaN where no sample has one."""
+    """From the samples' traces (``extra.trace``, stored by the runner): mean generated tokens, the share
+    that hit ``max_new_tokens``, mean re-selections while decoding (``evictions``) and mean share of the
+    generated tokens held at the end (``kept_generated``); NaN where no sample has one."""
     traces = [extra["trace"] for extra in extras if isinstance(extra, dict) and extra.get("trace")]
     if not traces:
-        return {"trace_tokens": float("nan"), "truncated": float("nan")}
+        return dict.fromkeys(("trace_tokens", "truncated", "evictions", "kept_generated"), float("nan"))
     return {
         "trace_tokens": sum(t["generated_tokens"] for t in traces) / len(traces),
         "truncated": sum(bool(t["truncated"]) for t in traces) / len(traces),
+        "evictions": _mean(t.get("eviction_count") for t in traces),
+        "kept_generated": _mean(t.get("kept_generated_share") for t in traces),
     }
