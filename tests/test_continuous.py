@@ -11,6 +11,8 @@ All on a 2-layer random-weight Llama: equality of paths needs no trained weights
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -20,6 +22,7 @@ from snapeval.cache.slots import SlotCache
 from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.generation import generate, prompt_logits
 from snapeval.sampling import Sampling
+from tests.test_decode_eviction import TOY
 
 TOLERANCE = 1e-4
 SNAPSTREAM = {"method": "snapstream", "budget": 40, "window": 4, "kernel": 3, "sinks": 2, "ring": 16}
@@ -160,13 +163,17 @@ def test_draws_of_one_prompt_share_one_prefill_and_split_its_seconds(tiny):
 
 
 def test_compiled_step_runs_hundreds_of_steps_with_refills_from_one_graph(tiny):
-    """fullgraph, dynamic=False: >= 200 steps, 24 requests through 3 rows, rings wrapping, no recompile;
+    """fullgraph, dynamic=False: >= 200 steps, 24 requests through 3 rows, rings wrapping, rows
+    re-selected while decoding (tests/test_decode_eviction.py's toy method, both rules), no recompile;
     the answers are the one-by-one answers and no buffer moves."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     requests = random_requests(24, max_new=80, seed=3)
+    rules = [{"budget": 92, "buffer": 12}, {"budget": 90, "buffer": 10, "every": 5}]
+    toys = [{"method": TOY, **rule} for rule in rules]
+    requests = [replace(r, cache=toys[n % 2]) if n % 4 == 3 else r for n, r in enumerate(requests)]
     batcher = ContinuousBatcher(tiny, 3, compile="on")
     pointers, got = [], {}
 
@@ -180,6 +187,7 @@ def test_compiled_step_runs_hundreds_of_steps_with_refills_from_one_graph(tiny):
     assert counters["stats"]["unique_graphs"] == 1
     assert len(pointers) == 24 and all(p == pointers[0] for p in pointers)
     assert any(answer.ring_wraps > 1 for answer in got.values())
+    assert sum(len(answer.evictions) for answer in got.values()) >= 10
     for request in requests:
         assert got[request.tag].tokens == alone(tiny, request).tokens
 

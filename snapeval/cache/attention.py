@@ -14,7 +14,9 @@ here as ``"snapeval"``
   :class:`~snapeval.cache.slots.SlotCache`): which slots are valid, causally visible and, on a layer with
   a sliding window, inside it (:func:`snapeval.cache.ring.visible_slots`). A compressed cache holds tokens
   out of order, so only the cache knows that mask. The cache may also transform the keys attended to
-  (:meth:`~snapeval.cache.base.SnapevalCache.attention_keys`).
+  (:meth:`~snapeval.cache.base.SnapevalCache.attention_keys`), and afterwards it notes the step's query
+  and input (``record``: a cache that evicts while decoding scores from them, see
+  :mod:`snapeval.cache.eviction`).
 
 The base attention is chosen once per model by :func:`install`: SDPA (boolean masks), or, for a family
 whose attention SDPA cannot express (Gemma 2's logit softcap, GPT-OSS's attention sinks ``s_aux``), the
@@ -90,7 +92,9 @@ def snapeval_attention(
         mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
             ~mask, torch.finfo(query.dtype).min
         )
-    return base(module, query, key, value, mask, **kwargs)
+    output = base(module, query, key, value, mask, **kwargs)
+    cache.record(layer_idx, query, module, inputs)  # a cache that evicts while decoding notes the step
+    return output
 
 
 def _valid_columns(attention_mask: torch.Tensor | None, key: torch.Tensor) -> torch.Tensor:

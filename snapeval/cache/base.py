@@ -17,11 +17,12 @@ from typing import Any, ClassVar
 import torch
 from transformers.cache_utils import Cache
 
-from snapeval.cache.eviction import Eviction
+from snapeval.cache.eviction import Eviction, compacted
 from snapeval.cache.layer import KVLayer, Selection
 from snapeval.cache.mla import is_latent, latent_keys, latent_queries
 from snapeval.cache.ring import EMPTY
 from snapeval.configs.methods import method_params, parameter_names, stored_params
+from snapeval.errors import SnapevalError
 
 LAYER_WINDOW = "snapeval_sliding_window"  # an attention module's sliding window, as its prefill passed it
 
@@ -155,8 +156,13 @@ class SnapevalCache(Cache):
 
     def finish_prefill(self, layer_idx: int, *args, **kwargs) -> None:
         """Compress ``layer_idx`` right after its prefill attention (arguments: :meth:`layer_prompt`'s)."""
-        prompt = self.layer_prompt(layer_idx, *args, **kwargs)
-        self.layers[layer_idx].keep(prompt.valid, self.select(prompt), prompt.sliding_window)
+        self.keep_prompt(self.layers[layer_idx], self.layer_prompt(layer_idx, *args, **kwargs))
+
+    def keep_prompt(self, layer: KVLayer, prompt: LayerPrompt) -> None:
+        """Compress ``layer``'s prefilled ``prompt`` to this method's selection, and note how the method
+        re-selects it while decoding, if it does."""
+        layer.keep(prompt.valid, self.select(prompt), prompt.sliding_window)
+        layer.eviction = self.decode_eviction(prompt.length)
 
     def layer_prompt(
         self,
@@ -180,13 +186,80 @@ class SnapevalCache(Cache):
             self.layers.append(KVLayer())
         layer = self.layers[layer_idx]
         layer.update(prompt.keys, values)
-        layer.keep(prompt.valid, self.select(prompt), prompt.sliding_window)
+        self.keep_prompt(layer, prompt)
 
     def attention_mask(
         self, layer_idx: int, query_length: int, num_heads: int, window: int | None = None
     ) -> torch.Tensor | None:
         """The decode mask of ``layer_idx`` (``window``: the layer's sliding window, if it has one)."""
         return self.layers[layer_idx].attention_mask(query_length, num_heads, window)
+
+    def record(
+        self, layer_idx: int, query: torch.Tensor, module: torch.nn.Module, inputs: Mapping[str, Any] | None
+    ) -> None:
+        """After the attention of a decode step of one token: note its query (and attention input), and
+        re-select the layer if its method's rule says so (:mod:`snapeval.cache.eviction`)."""
+        layer = self.layers[layer_idx]
+        if not layer.evicts() or query.shape[2] != 1:
+            return
+        if query.shape[0] != 1:
+            raise SnapevalError("a cache that evicts while decoding decodes one sequence; use the batcher")
+        inputs = inputs or {}
+        layer.record(query[:, :, 0], _step_input(inputs.get("hidden_states")))
+        if layer.eviction.due(layer.filled, layer.since):
+            held = self.held_slots(
+                layer.held_states(),
+                layer.recent_entries("queries"),
+                layer.recent_entries("hidden_states"),
+                module,
+                inputs.get("position_embeddings"),
+                prompt_length=layer.seen - layer.fed,
+            )
+            layer.take(self.reselected(held, layer.eviction))
+
+    def held_slots(
+        self,
+        states: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        queries: torch.Tensor | None,
+        hidden: torch.Tensor | None,
+        module: torch.nn.Module,
+        position_embeddings: Any,
+        prompt_length: int,
+    ) -> LayerPrompt:
+        """A layer's held slots at a re-selection, as :meth:`reselect` reads them: ``states`` (keys,
+        values, columns: (1, heads, S, ...)), the recorded ``queries`` (1, n, heads, d) and attention
+        inputs ``hidden`` (1, n, hidden), the last step's ``position_embeddings``."""
+        keys, values, positions = states
+        query = queries.transpose(1, 2) if queries is not None else keys.new_zeros(1, 1, 0, keys.shape[-1])
+        inputs = {"position_embeddings": position_embeddings}
+        if hidden is not None:
+            inputs["hidden_states"] = hidden
+        valid = torch.ones(1, keys.shape[2], dtype=torch.bool, device=keys.device)
+        scaling = getattr(module, "scaling", keys.shape[-1] ** -0.5)
+        return LayerPrompt(
+            keys,
+            query,
+            valid,
+            scaling,
+            values=values,
+            module=module,
+            inputs=inputs,
+            positions=positions,
+            prompt_length=prompt_length,
+        )
+
+    def reselected(
+        self, held: LayerPrompt, eviction: Eviction
+    ) -> tuple[tuple[torch.Tensor, ...], int] | None:
+        """The row a re-selection leaves of ``held`` and how many slots it keeps: the slots
+        :meth:`reselect` names, first, in a row of ``eviction.slots`` slots; None for a row holding no more
+        than ``eviction.keep`` (left as it is)."""
+        if held.length <= eviction.keep:
+            return None
+        kept = self.reselect(held, eviction.keep)
+        if not 0 < kept.shape[-1] < eviction.slots:
+            raise SnapevalError(f"{self.method} kept {kept.shape[-1]} of {eviction.slots} slots", "cache")
+        return compacted((held.keys, held.values, held.positions), kept, eviction.slots), kept.shape[-1]
 
     def attention_keys(self, layer_idx: int, key: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
         """The keys a decode step of ``layer_idx`` attends to: the cached ``key`` itself, by default."""
@@ -220,6 +293,11 @@ class SnapevalCache(Cache):
     def kv_bytes(self) -> int:
         """Bytes of keys and values held, all layers."""
         return sum(layer.kv_bytes() for layer in self.layers)
+
+
+def _step_input(hidden: torch.Tensor | None) -> torch.Tensor | None:
+    """(batch, hidden) a one-token step's attention input, from (batch, 1, hidden)."""
+    return None if hidden is None else hidden[:, -1]
 
 
 def stacked(positions: list[torch.Tensor]) -> torch.Tensor:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
+from snapeval.cache.eviction import Eviction, Recent
 from snapeval.cache.ring import (
     EMPTY,
     ring_slots,
@@ -68,6 +69,11 @@ class KVLayer(CacheLayerMixin):
         self.prefilled = False
         self._dense = False
         self._attended: torch.Tensor | None = None  # positions of the keys the last update returned
+        self.eviction: Eviction | None = None  # how the method re-selects while decoding, if it does
+        self.filled = 0  # tokens an evicting layer holds (its slots from the first on)
+        self.since = 0  # one-token decode steps since its prefill or its last re-selection
+        self.fed = 0  # one-token decode steps since its prefill
+        self.recent: dict[str, Recent] = {}  # "queries" / "hidden_states" of its last decode steps
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -82,6 +88,14 @@ class KVLayer(CacheLayerMixin):
         self._attended = None
         if self.prefilled and not self.fixed:
             self.held += length
+        if self.prefilled and self.evicts():
+            if self.filled + length > self.capacity:
+                raise SnapevalError(
+                    f"{length} more tokens overflow a row of {self.capacity} slots holding {self.filled}; "
+                    "raise the method's buffer",
+                    "cache",
+                )
+            self.filled += length
         if not self.prefilled:
             if self.keys is not None:
                 raise SnapevalError("a snapeval cache takes its prompt in one prefill call")
@@ -137,6 +151,7 @@ class KVLayer(CacheLayerMixin):
             self.keys, self.values, self.positions = kept
             return
         pinned = kept[0].shape[2]
+        self.filled = pinned + (0 if selection.ring is None else selection.ring.shape[-1])
         if pinned >= self.capacity:
             raise SnapevalError(f"{pinned} pinned tokens leave no ring slot in a capacity of {self.capacity}")
         self._allocate(*kept)
@@ -146,6 +161,49 @@ class KVLayer(CacheLayerMixin):
             filled = selection.ring.shape[-1]
             self._write(slice(pinned, pinned + filled), _gather(*prompt, selection.ring))
             self.ring_next = filled % (self.capacity - pinned)
+
+    # --- decode-time eviction (snapeval.cache.eviction) ------------------------------------------
+    def evicts(self) -> bool:
+        """Whether the method re-selects this layer while decoding (a full-attention layer only)."""
+        return self.eviction is not None and self.window is None
+
+    def record(self, query: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        """Note one decode step: its query (batch, heads, d) and attention input (batch, hidden)."""
+        entries = {"queries": query, "hidden_states": hidden}
+        sizes = {"queries": self.eviction.queries, "hidden_states": self.eviction.hidden}
+        for name, entry in entries.items():
+            if entry is not None and sizes[name] > 0:
+                if name not in self.recent:
+                    shape = tuple(entry.shape[1:])
+                    self.recent[name] = Recent(entry.shape[0], sizes[name], shape, entry.dtype, entry.device)
+                self.recent[name].write(entry, torch.full((entry.shape[0],), self.fed, device=entry.device))
+        self.fed += 1
+        self.since += 1
+
+    def recent_entries(self, name: str, row: int = 0) -> torch.Tensor | None:
+        """(1, n, ...) the recorded ``name`` entries the method reads, oldest first (hidden states: since
+        the last re-selection), or None if none are recorded."""
+        if name not in self.recent:
+            return None
+        wanted = self.eviction.queries if name == "queries" else min(self.eviction.hidden, self.since)
+        return self.recent[name].last(row, self.fed, wanted)
+
+    def held_states(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys, values and columns of the slots an evicting layer holds, in storage order."""
+        return (
+            self.keys[:, :, : self.filled],
+            self.values[:, :, : self.filled],
+            self.positions[..., : self.filled],
+        )
+
+    def take(self, reselected: tuple[tuple[torch.Tensor, ...], int] | None) -> None:
+        """After a re-selection: hold its row (its kept slots first; None: unchanged) and write the next
+        token after them."""
+        if reselected is not None:
+            (self.keys, self.values, self.positions), kept = reselected
+            self.ring_start, self.ring_next, self.filled = 0, kept, kept
+            self._dense = False  # its slots fill up again
+        self.since = 0
 
     def _allocate(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
         batch, heads = keys.shape[:2]

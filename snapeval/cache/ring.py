@@ -104,3 +104,35 @@ def layer_window(module: torch.nn.Module | None) -> int | None:
     if hasattr(module, "sliding_window"):
         return module.sliding_window
     return getattr(getattr(module, "config", None), "sliding_window", None)
+
+
+class RowRings:
+    """The batcher's per-row ring cursors of the layers that share one capacity (full layers, or the
+    layers with one sliding window), as device tensors, and which of their slots each row holds."""
+
+    def __init__(self, rows: int, capacity: int, device: torch.device) -> None:
+        self.capacity = capacity
+        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
+        self.start = torch.zeros(rows, dtype=torch.long, device=device)
+        self.size = torch.ones(rows, dtype=torch.long, device=device)  # an unused row: a 1-slot ring
+        self.next = torch.zeros(rows, dtype=torch.long, device=device)
+        self.wraps = torch.zeros(rows, dtype=torch.long, device=device)
+        self.slot = torch.zeros(rows, dtype=torch.long, device=device)  # where the step's token goes
+        self.slot_index = torch.arange(capacity, device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.valid, self.start, self.size, self.next, self.wraps, self.slot]
+
+    def copy_from(self, other: RowRings) -> None:
+        self.valid[:, : other.capacity] = other.valid
+        for name in ("start", "size", "next", "wraps"):
+            getattr(self, name).copy_(getattr(other, name))
+
+    def begin_step(self) -> None:
+        cursor = (self.start[:, None], self.next[:, None], self.size[:, None])
+        self.slot.copy_(ring_slots(*cursor, 1, self.start.device)[:, 0])
+        self.valid.scatter_(1, self.slot[:, None], True)
+
+    def end_step(self) -> None:
+        self.next.add_(1).remainder_(self.size)
+        self.wraps.add_((self.next == 0).long())

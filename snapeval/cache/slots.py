@@ -32,15 +32,16 @@ from transformers import DynamicCache
 from snapeval.cache.attention import ROPE_ROTATION
 from snapeval.cache.base import EMPTY, SnapevalCache, histogram_of_kept, stacked
 from snapeval.cache.ring import (
+    RowRings,
     layer_window,
     oldest_first,
     rerotated_sinks,
-    ring_slots,
     visible_slots,
     window_capacity,
     write_slots,
 )
 from snapeval.cache.rope import KeyRotation
+from snapeval.cache.row_eviction import StepRecorder
 from snapeval.errors import SnapevalError
 
 
@@ -48,38 +49,6 @@ def rerotates(cache: SnapevalCache) -> bool:
     """Whether ``cache`` turns its sink keys to their positions inside the cache (StreamingLLM's
     ``rerotate``)."""
     return bool(getattr(cache, "rerotate", False))
-
-
-class _Rings:
-    """The per-row ring cursors of the layers that share one capacity (full layers, or the layers with
-    one sliding window), as device tensors, and which of their slots each row holds."""
-
-    def __init__(self, rows: int, capacity: int, device: torch.device) -> None:
-        self.capacity = capacity
-        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=device)
-        self.start = torch.zeros(rows, dtype=torch.long, device=device)
-        self.size = torch.ones(rows, dtype=torch.long, device=device)  # an unused row: a 1-slot ring
-        self.next = torch.zeros(rows, dtype=torch.long, device=device)
-        self.wraps = torch.zeros(rows, dtype=torch.long, device=device)
-        self.slot = torch.zeros(rows, dtype=torch.long, device=device)  # where the step's token goes
-        self.slot_index = torch.arange(capacity, device=device)
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.valid, self.start, self.size, self.next, self.wraps, self.slot]
-
-    def copy_from(self, other: _Rings) -> None:
-        self.valid[:, : other.capacity] = other.valid
-        for name in ("start", "size", "next", "wraps"):
-            getattr(self, name).copy_(getattr(other, name))
-
-    def begin_step(self) -> None:
-        cursor = (self.start[:, None], self.next[:, None], self.size[:, None])
-        self.slot.copy_(ring_slots(*cursor, 1, self.start.device)[:, 0])
-        self.valid.scatter_(1, self.slot[:, None], True)
-
-    def end_step(self) -> None:
-        self.next.add_(1).remainder_(self.size)
-        self.wraps.add_((self.next == 0).long())
 
 
 class SlotCache:
@@ -106,11 +75,12 @@ class SlotCache:
         device: torch.device,
         rotations: list[KeyRotation | str | None] | None = None,
         windows: list[int | None] | None = None,
+        modules: dict[int, torch.nn.Module] | None = None,
     ) -> None:
         self.rows, self.capacity, self.num_layers = rows, capacity, layers
         self.windows = windows or [None] * layers
         self.rings = {
-            window: _Rings(rows, window_capacity(window, capacity), device) for window in self.windows
+            window: RowRings(rows, window_capacity(window, capacity), device) for window in self.windows
         }
         shapes = [(rows, kv_heads, self.rings[window].capacity) for window in self.windows]
         self.keys = [torch.zeros(*shape, key_dim, dtype=dtype, device=device) for shape in shapes]
@@ -120,6 +90,7 @@ class SlotCache:
         self.rerotate = torch.zeros(rows, dtype=torch.bool, device=device)
         self.rotations = rotations or [None] * layers  # per layer: how to re-rotate keys, or why not
         self.any_rerotate = False  # a Python flag: the rotation is traced only when a row needs it
+        self.recorder = StepRecorder(rows, self.windows, modules or {}, device)  # for decode-time eviction
 
     @classmethod
     def for_model(
@@ -135,7 +106,17 @@ class SlotCache:
         windows = [layer_window(attentions.get(index)) for index in range(len(attentions))]
         layers, kv_heads, key_dim, value_dim, dtype = shapes or cached_shapes(model)
         return cls(
-            rows, capacity, layers, kv_heads, key_dim, value_dim, dtype, model.device, rotations, windows
+            rows,
+            capacity,
+            layers,
+            kv_heads,
+            key_dim,
+            value_dim,
+            dtype,
+            model.device,
+            rotations,
+            windows,
+            attentions,
         )
 
     @property
@@ -165,6 +146,7 @@ class SlotCache:
             self.windows,
         )
         bigger.any_rerotate = self.any_rerotate
+        bigger.recorder.copy_from(self.recorder)
         for index in range(self.num_layers):
             held = self.keys[index].shape[2]
             bigger.keys[index][:, :, :held] = self.keys[index]
@@ -179,7 +161,15 @@ class SlotCache:
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer of the cache (their storage never changes while it lives)."""
         cursors = [tensor for rings in self.rings.values() for tensor in rings.tensors()]
-        return [*self.keys, *self.values, *self.positions, *cursors, self.seen, self.rerotate]
+        return [
+            *self.keys,
+            *self.values,
+            *self.positions,
+            *cursors,
+            self.seen,
+            self.rerotate,
+            *self.recorder.tensors(),
+        ]
 
     # --- filling a row ---------------------------------------------------------------------------
     def load_row(self, row: int, cache: SnapevalCache, new_tokens: int) -> int:
@@ -223,6 +213,7 @@ class SlotCache:
             rings.start[row], rings.size[row], rings.next[row] = start, size - start, next_
             rings.wraps[row] = 0
         self.seen[row] = first.seen
+        self.recorder.fed[row] = 0
         rerotate = rerotates(cache) and any(layer.ring_start > 0 for layer in cache.layers)
         self.rerotate[row] = rerotate
         if rerotate:
@@ -235,9 +226,13 @@ class SlotCache:
         for rings in self.rings.values():
             rings.begin_step()
 
-    def admit(self, cache: SnapevalCache) -> None:
-        """Prepare the step for rows loaded from ``cache``: one that re-rotates keys is refused in one line
-        (naming the family) where the model's keys cannot be re-rotated."""
+    def admit(self, cache: SnapevalCache, prompt_length: int = 0) -> None:
+        """Prepare the step for rows loaded from ``cache`` (after a prompt of ``prompt_length``): one that
+        re-rotates keys is refused in one line (naming the family) where the model's keys cannot be
+        re-rotated; one that evicts while decoding has the step record what it scores from."""
+        eviction = cache.decode_eviction(prompt_length)
+        if eviction is not None:
+            self.recorder.prepare(eviction, self.keys[0].dtype)
         if rerotates(cache):
             for rotation in self.rotations:
                 if not isinstance(rotation, KeyRotation):
@@ -277,6 +272,16 @@ class SlotCache:
             return rerotated_sinks(rotation, keys, positions, pinned, self.rerotate), values
         return keys, values
 
+    @property
+    def wants_layer_inputs(self) -> bool:
+        """Whether the step hands the attention its module's inputs (a row's method scores from them)."""
+        return self.recorder.wants_layer_inputs
+
+    def record(self, layer_idx: int, query: torch.Tensor, module: torch.nn.Module, inputs) -> None:
+        """After a step's attention of ``layer_idx``: note what a row's method re-selects from."""
+        if self.recorder.active:
+            self.recorder.record(layer_idx, query, inputs)
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """What transformers < 5.3 asks before a step (for cache positions that our explicit position ids
         and mask make unused): rows differ, so there is no one length; 0."""
@@ -287,6 +292,7 @@ class SlotCache:
         for rings in self.rings.values():
             rings.end_step()
         self.seen.add_(1)
+        self.recorder.end_step()
 
     # --- what a row holds ------------------------------------------------------------------------
     def row_positions(self, row: int) -> torch.Tensor:
@@ -297,11 +303,12 @@ class SlotCache:
         """Share of the row's prompt still held per bin of relative position (see the base cache)."""
         return histogram_of_kept(self.row_positions(row)[:, None], prompt_length, bins)
 
-    def kept_share(self, row: int, prompt_length: int) -> float:
-        """Share of the row's prompt tokens it holds, averaged over layers and KV heads."""
+    def kept_share(self, row: int, end: int, start: int = 0) -> float:
+        """Share of the row's tokens at columns [``start``, ``end``) it holds (its prompt's, by default),
+        averaged over layers and KV heads."""
         positions = self.row_positions(row)
-        held = ((positions >= 0) & (positions < prompt_length)).sum().item()
-        return held / (positions.shape[0] * positions.shape[1] * prompt_length)
+        held = ((positions >= start) & (positions < end)).sum().item()
+        return held / (positions.shape[0] * positions.shape[1] * (end - start))
 
     def row_bytes(self, held: int) -> int:
         """Bytes of keys and values a row holding ``held`` slots (on a full layer) takes: a windowed layer

@@ -121,7 +121,7 @@ class _Run:
         self.sampling = RowSampling.empty(batcher.rows, device)
         for request in queue:  # settle the step's Python flags before it first compiles
             self.sampling.note(request.sampling)
-            batcher.slots.admit(build_cache(request.cache, strict=False))
+            batcher.slots.admit(build_cache(request.cache, strict=False), len(request.prompt_ids))
         pin_for_cuda_graphs(self.sampling.tensors())
         self.step = compile_step(batcher.step, device) if batcher.compiled else batcher.step
         self.tokens = torch.zeros(batcher.rows, dtype=torch.long, device=device)
@@ -176,6 +176,7 @@ class _Run:
             row = self.rows[index]
             row.decode_s += elapsed / len(active)
             row.fed += 1
+            row.reselect(self.batcher.slots, index)  # between steps, as a single cache after the step
             request = row.request
             stopped = take_token(
                 row.tokens, drawn[index], request.stop_ids, request.max_new_tokens, request.should_stop
@@ -203,7 +204,7 @@ class _Run:
         for request in added:
             self.shares[request.prefill_key()] += 1
             self.sampling.note(request.sampling)
-            batcher.slots.admit(build_cache(request.cache, strict=False))
+            batcher.slots.admit(build_cache(request.cache, strict=False), len(request.prompt_ids))
         if added and (needed := max(map(batcher.slots_needed, added))) > batcher.slots.capacity:
             batcher.slots = batcher.slots.grown(needed)  # rare: a request longer than any reserved for
             pin_for_cuda_graphs(batcher.slots.tensors())

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from snapeval.cache import SnapevalCache, build_cache
+from snapeval.cache.eviction import Eviction
 from snapeval.cache.slots import SlotCache
 from snapeval.continuous.prefills import Prefill
 from snapeval.continuous.work import Answer, Request
@@ -25,6 +27,28 @@ class Row:
     tokens: list[int] = field(default_factory=list)
     decode_s: float = 0.0
     fed: int = 0
+    evicting: SnapevalCache | None = None  # the method that re-selects the row while it decodes, if any
+    eviction: Eviction | None = None
+    held: int = 0  # tokens the row holds (an evicting row)
+    since: int = 0  # steps since its last re-selection
+    evictions: list[int] = field(default_factory=list)  # steps (tokens generated) at its re-selections
+
+    def reselect(self, slots: SlotCache, index: int) -> None:
+        """Note the step just fed and re-select the row (``index`` of ``slots``) if its method's rule
+        says so (:mod:`snapeval.cache.eviction`)."""
+        if self.eviction is None:
+            return
+        self.held, self.since = self.held + 1, self.since + 1
+        if self.eviction.due(self.held, self.since):
+            counts = (self.held, self.fed, self.since)
+            buffers = (slots.keys, slots.values, slots.positions)
+            prompt_length = len(self.request.prompt_ids)
+            kept = slots.recorder.reselect_row(
+                buffers, slots.rings[None], index, self.evicting, self.eviction, counts, prompt_length
+            )
+            if kept != self.held:
+                self.evictions.append(self.fed)
+            self.held, self.since = kept, 0
 
 
 @dataclass
@@ -70,6 +94,8 @@ def load_row(slots: SlotCache, index: int, request: Request, prefill: Prefill, s
     held = slots.load_row(index, cache, request.max_new_tokens)
     sampling.set_row(index, request.sampling)
     first = cache.layers[0]
+    full = next((layer for layer in cache.layers if layer.window is None), first)
+    eviction = full.eviction if full.evicts() else None
     return Row(
         request,
         cache.method,
@@ -77,6 +103,9 @@ def load_row(slots: SlotCache, index: int, request: Request, prefill: Prefill, s
         slots=held,
         pinned=first.held,
         prefill_s=prefill.seconds[request.setting],
+        evicting=build_cache(request.cache, strict=False) if eviction is not None else None,
+        eviction=eviction,
+        held=full.filled,
     )
 
 
@@ -87,6 +116,9 @@ def answer_of(slots: SlotCache, index: int, row: Row, stopped: str) -> Answer:
     compressed = row.method != "full"
     histogram = slots.kept_histogram(index, prompt_length) if compressed else None
     share = slots.kept_share(index, prompt_length) if compressed else None
+    generated = (
+        slots.kept_share(index, prompt_length + row.fed, prompt_length) if compressed and row.fed else None
+    )
     return Answer(
         row.request,
         row.tokens,
@@ -97,4 +129,6 @@ def answer_of(slots: SlotCache, index: int, row: Row, stopped: str) -> Answer:
         ring_wraps=int(slots.ring_wraps[index]),
         kept_histogram=histogram,
         kept_share=share,
+        evictions=tuple(row.evictions),
+        kept_generated_share=generated,
     )

@@ -57,3 +57,7 @@ class Answer:
     ring_wraps: int  # times the row's ring came round to its first slot while decoding
     kept_histogram: dict[str, list[float]] | None  # compressed methods: share of the prompt held per bin
     kept_share: float | None = None  # compressed methods: share of the prompt held
+    evictions: tuple[int, ...] = ()  # decode steps (tokens generated) at which the row was re-selected
+    kept_generated_share: float | None = (
+        None  # compressed methods: share of the tokens fed while decoding held
+    )
