@@ -72,6 +72,7 @@ def test_built_in_methods_are_the_modules_of_the_engine_each_with_its_parameters
         == [
             "full",
             "kvpress",
+            "rkv",
             "sage_kv",
             "snapkv",
             "snapstream",
@@ -82,6 +83,7 @@ def test_built_in_methods_are_the_modules_of_the_engine_each_with_its_parameters
     assert [method_label(m) for m in method_classes()] == [
         "Full cache",
         "kvpress",
+        "R-KV",
         "SAGE-KV",
         "SnapKV",
         "SnapStream",
@@ -103,7 +105,8 @@ def stated_defaults(params: type) -> dict[str, str]:
 @pytest.mark.parametrize("method", list(METHODS))
 def test_a_method_runs_with_the_defaults_its_docstring_states(method):
     """The docstring's defaults are the config option's, and the engine built without arguments runs
-    with them: a budgeted method holds 1024 slots of a 5000-token prompt, kvpress half, full all."""
+    with them: a budgeted method holds 1024 slots of a 5000-token prompt (R-KV its buffer's 128 more),
+    kvpress half, full all."""
     params = METHODS[method]
     option = dataclasses.asdict(params())
     assert option["method"] == method and {"budget", "ratio"} <= set(option)  # a sweep budgets every method
@@ -120,7 +123,7 @@ def test_a_method_runs_with_the_defaults_its_docstring_states(method):
         pytest.importorskip("kvpress")
     engine = build_cache({"method": method})
     assert engine.params() == effective_params(option)
-    expected = {"full": 5000, "kvpress": 2500}.get(method, 1024)
+    expected = {"full": 5000, "kvpress": 2500, "rkv": 1024 + 128}.get(method, 1024)
     assert engine.decode_slots(5000, 0) == expected
 
 

@@ -196,8 +196,9 @@ class RKV:
     ``budget`` tokens: the last ``window`` and the best of the rest by ``mix_lambda * importance -
     (1 - mix_lambda) * redundancy``. Importance: the last ``window`` queries' attention logits (max over
     each GQA group), softmax over the other tokens, mean over the window, max-pooled with ``kernel``.
-    Redundancy: each token's mean cosine similarity to the held keys (each token's most recent look-alike
-    above ``threshold`` not counted), softmaxed. A prompt longer than ``budget`` is cut the same way.
+    Redundancy: each token's mean cosine similarity to the held keys (not counting the tokens whose most
+    recent look-alike above ``threshold`` it is), softmaxed. A prompt longer than ``budget`` is cut the
+    same way.
 
     Defaults: budget 1024, buffer 128, window 8, kernel 7, mix_lambda 0.1, threshold 0.5 (all but the
     budget from the authors' code and paper). ``ratio`` is ignored.

@@ -14,6 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 from snapeval.configs.cache import (
+    RKV,
     SELF_DRAFT,
     Full,
     Kvpress,
@@ -26,7 +27,8 @@ from snapeval.configs.cache import (
 from snapeval.errors import SnapevalError
 
 METHODS: dict[str, type] = {
-    cls.method: cls for cls in (Full, Kvpress, SageKV, SnapKV, SnapStream, SpeculativePrefill, StreamingLLM)
+    cls.method: cls
+    for cls in (Full, Kvpress, RKV, SageKV, SnapKV, SnapStream, SpeculativePrefill, StreamingLLM)
 }
 """The built-in methods, name -> parameters: ``full`` first, the rest by name."""
 

@@ -36,11 +36,12 @@ PAPER_RC: dict[str, object] = {
     "ps.fonttype": 42,
 }
 
-#: Okabe-Ito colours, distinguishable with colour-blindness: one per method of the registry, in its order.
-PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
+#: Okabe-Ito colours, distinguishable with colour-blindness, then Tol's wine and a grey: one per method of
+#: the registry, in its order, and some left for methods outside it.
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#882255", "#999999")
 #: A marker and a dash pattern per method, in the registry's order like the colours: two methods whose
 #: points coincide still show both (a marker inside the other, a line through the other's gaps).
-MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
 DASHES = (
     "-",
     (0, (1, 1)),
@@ -49,6 +50,8 @@ DASHES = (
     (0, (6, 1.5, 1, 1.5, 1, 1.5)),
     (0, (2, 2)),
     (0, (8, 2)),
+    (0, (4, 1, 1, 1, 1, 1)),
+    (0, (1, 2)),
 )
 FULL_CACHE = {"color": "#000000", "marker": "o", "linestyle": "--"}
 #: Opacity of a confidence band.
