@@ -23,7 +23,9 @@ from snapeval.cache.attention import ATTENTION_NAME
 from snapeval.cache.base import LayerPrompt
 from snapeval.cache.redundancy import importance, kept_slots, redundancy, rkv_scores
 from snapeval.cache.rkv import RKVCache
+from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.generation import generate
+from snapeval.sampling import Sampling
 from tests.families import FAMILIES
 
 from .conftest import TINY_VOCAB
@@ -240,3 +242,110 @@ def test_an_mla_prompt_is_cut_to_the_budget_in_latent_space():
         kept = positions[0, :12].tolist()
         assert kept == sorted(kept) and kept[-4:] == [26, 27, 28, 29] and len(set(kept)) == 12
         assert positions[0, 12:].eq(-1).all()
+
+
+# --- while decoding -----------------------------------------------------------------------------------
+
+
+class record_queries(capture_attention):
+    """:class:`capture_attention` that also keeps each layer's queries of every one-token step."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.steps: dict[int, list[torch.Tensor]] = {}
+
+    def attend(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
+        if query.shape[2] == 1:
+            self.steps.setdefault(module.layer_idx, []).append(query[0, :, 0].clone())
+        return super().attend(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+
+def gather_layer(layer, columns, orders):
+    """Keep the slots ``orders`` names per KV head, in that order, of a DynamicCache layer and its columns."""
+    index = torch.tensor([orders])[..., None].expand(-1, -1, -1, layer.keys.shape[-1])
+    layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
+    return [[head[slot] for slot in order] for head, order in zip(columns, orders, strict=True)]
+
+
+def naive_generation(model, prompt, steps, budget, buffer, window, kernel):
+    """Greedy decoding on a plain DynamicCache with R-KV by the naive reference: the prompt cut to
+    ``budget`` (ascending columns), then each layer gathered in the reference's order whenever it holds
+    ``budget + buffer`` tokens. Returns the tokens, each layer's columns per KV head, the eviction steps."""
+    cache = DynamicCache()
+    scalings = [layer.self_attn.scaling for layer in model.model.layers]
+    heads = model.config.num_key_value_heads
+    recorder = record_queries(model)
+    with recorder as captured, torch.inference_mode():
+        logits = model(torch.tensor([prompt]), past_key_values=cache).logits[0, -1]
+        columns = []
+        for index, layer in enumerate(cache.layers):
+            q, k = captured[index]
+            _, kept = naive_rkv(q.double(), k.double(), window, kernel, 0.1, 0.5, scalings[index], budget)
+            columns.append(gather_layer(layer, [list(range(len(prompt)))] * heads, [sorted(h) for h in kept]))
+        tokens, evictions = [], []
+        for step in range(1, steps + 1):
+            tokens.append(int(logits.argmax()))
+            position = torch.tensor([[len(prompt) + step - 1]])
+            logits = model(torch.tensor([tokens[-1:]]), past_key_values=cache, position_ids=position).logits
+            logits = logits[0, -1]
+            columns = [[head + [len(prompt) + step - 1] for head in layer] for layer in columns]
+            if len(columns[0][0]) < budget + buffer:
+                continue
+            evictions.append(step)
+            for index, layer in enumerate(cache.layers):
+                queries = torch.stack(recorder.steps[index][-window:], dim=1).double()  # (heads, w, d)
+                args = (window, kernel, 0.1, 0.5, scalings[index], budget)
+                _, kept = naive_rkv(queries, layer.keys[0].double(), *args)
+                columns[index] = gather_layer(layer, columns[index], kept)
+    return tokens, columns, evictions
+
+
+def test_decoding_re_selects_as_the_naive_reference_does(tiny_llama):
+    """A 30-token prompt cut to 16, then rows of 16 + 8 slots cut back to 16 every 8 steps: the same
+    tokens, re-selections and kept columns (in storage order) as the naive loop."""
+    ids, steps = prompt_ids(30, seed=3), 40
+    expected, columns, evictions = naive_generation(tiny_llama, ids, steps, 16, 8, 4, 7)
+    cache = build_cache({"method": "rkv", "budget": 16, "buffer": 8, "window": 4})
+    got = generate(tiny_llama, ids, cache, steps + 1, set())
+    assert got.tokens[:steps] == expected
+    assert evictions == [8, 16, 24, 32, 40]
+    for index, layer in enumerate(cache.layers):
+        assert layer.positions[0, :, : layer.filled].tolist() == columns[index]
+        assert bool((layer.positions[0, :, layer.filled :] == -1).all())
+
+
+def test_an_mla_row_is_re_selected_in_latent_space():
+    """DeepSeek-V3 decoding 30 tokens after a 30-token prompt, rows of 12 + 6: re-selected at steps 6,
+    12, ..., each keeping 8 scored tokens then the last 4 fed, in storage order, then new tokens."""
+    model = install(FAMILIES["deepseek_v3"](TINY_VOCAB))
+    model.generation_config.eos_token_id = None
+    cache = build_cache({"method": "rkv", "budget": 12, "buffer": 6, "window": 4, "kernel": 3})
+    assert len(generate(model, prompt_ids(30), cache, 30, set()).tokens) == 30
+    for layer in cache.layers:  # 29 steps fed: the last re-selection at step 24, 5 fed since
+        held = layer.positions[0, 0, : layer.filled].tolist()
+        assert held[8:] == list(range(50, 59)) and len(set(held)) == 17 and max(held[:8]) < 50
+
+
+def test_batched_rows_and_a_grid_of_settings_answer_as_one_by_one(tiny_llama):
+    """Prompts of 10-30 tokens (some cut at prefill, some not), two R-KV settings per prompt sharing its
+    prefill, next to full-cache rows, some sampled, 3 rows refilled: every answer's tokens are those of
+    its request alone, and R-KV rows report their re-selections."""
+    generator = torch.Generator().manual_seed(4)
+    settings = [
+        {"method": "rkv", "budget": 16, "buffer": 8, "window": 4},
+        {"method": "rkv", "budget": 20, "buffer": 6, "window": 3, "kernel": 3, "threshold": 0.2},
+    ]
+    requests = []
+    for index in range(4):
+        length = int(torch.randint(10, 31, (1,), generator=generator))
+        ids = tuple(torch.randint(3, TINY_VOCAB, (length,), generator=generator).tolist())
+        sampling = Sampling(do_sample=index % 2 == 1, temperature=0.8, seed=index)
+        for n, cache in enumerate([*settings, {"method": "full"}]):
+            requests.append(Request(ids, cache, 30, sampling, tag=(index, n)))
+    got = {}
+    ContinuousBatcher(tiny_llama, 3).run(requests, lambda answer: got.__setitem__(answer.request.tag, answer))
+    for request in requests:
+        cache = build_cache(request.cache)
+        alone = generate(tiny_llama, list(request.prompt_ids), cache, 30, set(), request.sampling)
+        assert got[request.tag].tokens == alone.tokens, request.cache
+    assert all(len(got[r.tag].evictions) >= 2 for r in requests if r.cache["method"] == "rkv")
