@@ -19,6 +19,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from snapeval.cache import build_cache, install
+from snapeval.cache import redundancy as redundancy_module
 from snapeval.cache.attention import ATTENTION_NAME
 from snapeval.cache.base import LayerPrompt
 from snapeval.cache.redundancy import importance, kept_slots, redundancy, rkv_scores
@@ -138,6 +139,14 @@ def test_scores_and_kept_slots_match_the_naive_reference(kernel, threshold):
     assert cache.reselect(held, keep)[0].tolist() == expected_kept
 
 
+def test_redundancy_in_chunks_of_rows_is_the_whole_matrix(monkeypatch):
+    _, k = random_heads()
+    monkeypatch.setattr(redundancy_module, "ROWS_PER_CHUNK", 7)  # 40 rows: 6 chunks, the last of 5
+    torch.testing.assert_close(
+        redundancy(k, 0.5)[0], torch.tensor(naive_redundancy(k[0], 0.5), dtype=torch.float64)
+    )
+
+
 def test_the_threshold_rule_changes_the_redundancy():
     """Without the rule (a threshold no similarity exceeds, so only column 0 is zeroed) the near copies
     count as redundant; with it each key's last look-alike does not."""
@@ -218,14 +227,16 @@ def test_prefill_selection_of_a_model_prompt_matches_the_naive_reference(tiny_ll
         assert positions[:, 16:].eq(-1).all()  # the buffer: 8 empty slots
 
 
-@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "deepseek_v3"])
 def test_a_budget_holding_everything_is_the_full_cache(family, tiny_llama):
+    """70 prompt tokens and 20 generated in rows of 100 + 8 slots: never cut, never re-selected (Gemma 2's
+    sliding layers hold their window of 64 as with the full cache)."""
     model = tiny_llama if family == "llama" else install(FAMILIES[family](TINY_VOCAB))
     model.generation_config.eos_token_id = None
-    ids = prompt_ids(24, seed=2)
+    ids = prompt_ids(70, seed=2)
     full = generate(model, ids, build_cache({"method": "full"}), 20, set()).tokens
     held = generate(
-        model, ids, build_cache({"method": "rkv", "budget": 44, "buffer": 8, "window": 4}), 20, set()
+        model, ids, build_cache({"method": "rkv", "budget": 90, "buffer": 8, "window": 4}), 20, set()
     )
     assert held.tokens == full and len(full) == 20
 
