@@ -54,8 +54,8 @@ def test_readme_command_composes_to_what_it_says(arguments):
     for override in rest:
         if override.startswith("grid.") or (gridded and override.startswith("cache")):
             continue  # a grid's points set the cache themselves
-        if override.startswith("hydra"):
-            continue  # Hydra's own settings (a launcher): composing them is the check
+        if override.startswith(("hydra", "~")):
+            continue  # Hydra's own settings (a launcher), a key removed: composing them is the check
         assert any(configured(point, override) for point in points), override
 
 
@@ -80,6 +80,8 @@ HELPER_GROUPS: dict[str, dict[str, str]] = {
         "snapeval/configs/root.py": "the declaration of the top-level groups",
         "snapeval/configs/task.py": "the declaration of a task's fields",
         "snapeval/configs/cache.py": "each method's parameters, defaults and checks",
+        "snapeval/configs/methods.py": "the methods by name, and what is stored of their parameters",
+        "snapeval/configs/values.py": "the parameters' single-value checks",
         "snapeval/configs/fields.py": "the setting() helper and its value checks",
     },
     "checks before the model loads": {
@@ -121,6 +123,7 @@ HELPER_GROUPS: dict[str, dict[str, str]] = {
         "snapeval/figures/kept.py": "another figure from the same rows (kept positions)",
         "snapeval/figures/memory.py": "another figure from the same rows (accuracy vs memory)",
         "snapeval/figures/traces.py": "another figure from the same rows (traces vs budget)",
+        "snapeval/figures/evictions.py": "another figure from the same rows (re-selections while decoding)",
     },
 }
 LEAF_HELPERS: dict[str, str] = {name: why for group in HELPER_GROUPS.values() for name, why in group.items()}
@@ -191,6 +194,13 @@ def test_the_readme_traces_exactly_what_the_sweep_executes_less_the_named_helper
     difference = trace_difference(listed, list(executed), LEAF_HELPERS)
     assert not any(difference.values()), {kind: names for kind, names in difference.items() if names}
     assert "snapeval/tasks/aime24.py" in listed and "conf/exp/aime_budget_sweep.yaml" in listed
+
+
+def test_the_readme_gives_the_sweep_without_kvpress_that_the_trace_runs_without_its_extra():
+    from .trace import WITHOUT_KVPRESS
+
+    overrides = " ".join(f"'{override}'" for override in WITHOUT_KVPRESS)
+    assert f"python -m snapeval +exp=aime_budget_sweep {overrides}\n" in README.read_text()
 
 
 def test_the_readme_names_every_helper_the_trace_leaves_out():
