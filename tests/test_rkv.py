@@ -141,7 +141,7 @@ def test_scores_and_kept_slots_match_the_naive_reference(kernel, threshold):
 
 def test_redundancy_in_chunks_of_rows_is_the_whole_matrix(monkeypatch):
     _, k = random_heads()
-    monkeypatch.setattr(redundancy_module, "ROWS_PER_CHUNK", 7)  # 40 rows: 6 chunks, the last of 5
+    monkeypatch.setattr(redundancy_module, "CHUNK_ENTRIES", 2 * 7 * 40)  # 7 rows: 6 chunks, the last of 5
     torch.testing.assert_close(
         redundancy(k, 0.5)[0], torch.tensor(naive_redundancy(k[0], 0.5), dtype=torch.float64)
     )

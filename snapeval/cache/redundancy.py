@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-ROWS_PER_CHUNK = 1024  # similarity rows computed at once: (batch, heads, 1024, S) floats, not S x S
+CHUNK_ENTRIES = 2**26  # similarity entries computed at once (about 9 bytes each at the peak), not S x S
 
 
 def compute_dtype(keys: torch.Tensor) -> torch.dtype:
@@ -63,21 +63,22 @@ def redundancy(keys: torch.Tensor, threshold: float, valid: torch.Tensor | None 
     last j with sim(i, j) > ``threshold`` (the first key if none) is zeroed, so that of keys alike the
     most recent counts least redundant (the authors' ``retain_direction="last"``). Rows are computed in
     chunks, never S x S at once."""
-    batch, _, length, _ = keys.shape
+    batch, heads, length, _ = keys.shape
     if valid is None:
         valid = torch.ones(batch, length, dtype=torch.bool, device=keys.device)
     keys = keys.to(compute_dtype(keys))
     normed = keys / (keys.norm(dim=-1, keepdim=True) + 1e-8)
-    columns = torch.arange(length, device=keys.device)
+    columns = torch.arange(length, dtype=torch.int32, device=keys.device)
     first = valid.int().argmax(dim=-1)[:, None, None, None]  # the fallback, past every padding column
     total = keys.new_zeros(keys.shape[:3])
-    for start in range(0, length, ROWS_PER_CHUNK):
-        rows = columns[start : start + ROWS_PER_CHUNK]
-        similarity = normed[:, :, rows] @ normed.transpose(-1, -2)  # (batch, kv_heads, chunk, S)
-        similarity = similarity.masked_fill(rows[:, None] == columns, 0.0)
+    chunk = max(1, CHUNK_ENTRIES // (batch * heads * length))
+    for start in range(0, length, chunk):
+        rows = columns[start : start + chunk]
+        similarity = normed[:, :, start : start + chunk] @ normed.transpose(-1, -2)  # (.., chunk, S)
+        similarity.masked_fill_(rows[:, None] == columns, 0.0)
         last = torch.where(similarity > threshold, columns, first).amax(dim=-1, keepdim=True)
-        similarity = similarity.scatter(-1, last, 0.0)
-        total += (similarity * valid[:, None, rows, None]).sum(dim=-2)
+        similarity.scatter_(-1, last.long(), 0.0)
+        total += similarity.masked_fill_(~valid[:, None, start : start + chunk, None], 0.0).sum(dim=-2)
     mean = total / valid.sum(dim=-1).clamp(min=1)[:, None, None]
     return mean.masked_fill(~valid[:, None], float("-inf")).softmax(dim=-1)
 
