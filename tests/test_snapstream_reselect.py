@@ -43,6 +43,7 @@ def naive_reselect(
     scaling: float,
     group: int,
     prompt_slots: list[list[bool]],
+    pinned: int,
     kernel: int,
     pooling: str,
     gqa_reduce: str,
@@ -52,7 +53,9 @@ def naive_reselect(
 
     ``head_keys[h]``: (S, d) the keys query head h scores (held slots in storage order); ``query``:
     (heads, w, d) the last w tokens' queries, those tokens being the last w slots; ``group``: query heads
-    per cache head; ``prompt_slots[g][j]``: slot j of cache head g holds a prompt token (always kept).
+    per cache head; ``prompt_slots[g][j]``: slot j of cache head g holds a prompt token. Kept first: the
+    prompt slots among the first ``pinned``, then the last w slots newest first, then the other prompt
+    slots newest first, then the generated slots by score (ties: the earlier slot).
     """
     heads, w, _ = query.shape
     held = head_keys[0].shape[0]
@@ -79,10 +82,18 @@ def naive_reselect(
             sum(m[j] for m in members) / group if gqa_reduce == "mean" else max(m[j] for m in members)
             for j in range(prefix)
         ]
-        forced = {j for j in range(held) if prompt_slots[g][j]} | set(range(prefix, held))
-        ranked = sorted((j for j in range(prefix) if j not in forced), key=lambda j: (-scores[j], j))
-        kept.append(sorted(forced | set(ranked[: keep - len(forced)])))
+        wanted = [_wanted(j, prompt_slots[g][j], pinned, prefix, scores) for j in range(held)]
+        kept.append(sorted(sorted(range(held), key=wanted.__getitem__, reverse=True)[:keep]))
     return kept
+
+
+def _wanted(slot: int, prompt: bool, pinned: int, prefix: int, scores: list[float]) -> tuple:
+    """How much a re-selection wants ``slot`` (higher first): its tier, then the order in it."""
+    if prompt and slot < pinned:
+        return (3, 0.0, 0)
+    if slot >= prefix or prompt:
+        return (2 if slot >= prefix else 1, slot, 0)
+    return (0, scores[slot], -slot)
 
 
 def held_positions(generator: torch.Generator, kv_heads: int, prompt: int, pinned: int, held: int, w: int):
@@ -115,7 +126,7 @@ def test_reselection_keeps_what_the_naive_reference_keeps_on_random_tensors(pool
         sinks=2,
         pooling=pooling,
         gqa_reduce=gqa_reduce,
-        reselect_every=6,
+        reselect_every=10,
     )
     kept = cache.reselect(layer, keep=20)
     prompt_slots = (positions[0] < prompt).tolist()
@@ -125,6 +136,7 @@ def test_reselection_keeps_what_the_naive_reference_keeps_on_random_tensors(pool
         1 / math.sqrt(8),
         3,
         prompt_slots,
+        pinned,
         5,
         pooling,
         gqa_reduce,
@@ -134,6 +146,38 @@ def test_reselection_keeps_what_the_naive_reference_keeps_on_random_tensors(pool
     assert kept[0].tolist() == expected
     assert all(set(range(pinned)) <= set(row) for row in expected)  # the prompt stays
     assert expected[0] != expected[1]  # each KV head chooses on its own
+
+
+@pytest.mark.parametrize(
+    "query,w,keep,every,expected",
+    [
+        (8, 4, 20, 10, [*range(10), *range(12, 18), *range(26, 30)]),  # the query's first 2 go
+        (0, 8, 14, 16, [*range(10), *range(26, 30)]),  # the window's oldest 4 go
+    ],
+)
+def test_when_the_recent_tokens_or_an_appended_query_do_not_fit_the_newest_stay(
+    query, w, keep, every, expected
+):
+    generator = torch.Generator().manual_seed(6)
+    held, pinned = 30, 10  # pinned prompt slots, then ``query`` slots of a query appended after prefill
+    positions = torch.cat([torch.arange(pinned + query), 40 + torch.arange(held - pinned - query)])
+    layer = LayerPrompt(
+        torch.randn(1, 2, held, 8, generator=generator),
+        torch.randn(1, 4, w, 8, generator=generator),
+        torch.ones(1, held, dtype=torch.bool),
+        1 / math.sqrt(8),
+        positions=positions.expand(1, 2, -1),
+        prompt_length=pinned + query,
+    )
+    cache = SnapStreamCache(budget=36, ring=20, window=8, kernel=3, sinks=2, reselect_every=every)
+    kept = cache.reselect(layer, keep=keep)
+    assert kept[0].tolist() == [expected] * 2
+    prompt_slots = [(positions < pinned + query).tolist()] * 2
+    keys = [layer.keys[0, h // 2] for h in range(4)]
+    assert (
+        naive_reselect(keys, layer.query[0], layer.scaling, 2, prompt_slots, pinned, 3, "max", "mean", keep)
+        == [expected] * 2
+    )
 
 
 class Recorder(SnapevalCache):
@@ -168,7 +212,8 @@ def test_on_mla_the_reselection_scores_the_latent_as_the_per_head_keys():
             positions=slots[None, None],
             prompt_length=prompt_length,
         )
-        cache = build_cache({"method": "snapstream", "budget": 40, "window": 4, "kernel": 3, "ring": 12})
+        params = {"budget": 40, "window": 4, "kernel": 3, "ring": 12, "reselect_every": 8}
+        cache = build_cache({"method": "snapstream", **params})  # pinned: 12 + 8 - 12 = the 8 prompt slots
         kept = cache.reselect(held, keep=12)
         latent, rotary = held.keys[0, 0], held.values[0, 0]
         nope, width = module.qk_nope_head_dim, module.qk_nope_head_dim + module.v_head_dim
@@ -178,7 +223,7 @@ def test_on_mla_the_reselection_scores_the_latent_as_the_per_head_keys():
         head_keys = [torch.cat([latent.double() @ up.T, rotary.double()], dim=-1) for up in ups]
         prompt_slots = [(slots < prompt_length).tolist()]
         expected = naive_reselect(
-            head_keys, held.query[0], module.scaling, heads, prompt_slots, 3, "max", "mean", 12
+            head_keys, held.query[0], module.scaling, heads, prompt_slots, 8, 3, "max", "mean", 12
         )
         assert kept[0].tolist() == expected
         assert len(set(expected[0]) & set(range(8, 13))) == 12 - 8 - w  # some generated slots were dropped
@@ -293,6 +338,7 @@ def reference_generation(model, prompt_ids: list[int], params: dict, steps: int)
                     attention[index].scaling,
                     group,
                     (held < length).tolist(),
+                    budget - params["ring"],
                     params["kernel"],
                     "max",
                     "mean",
@@ -339,3 +385,18 @@ def test_reselection_decodes_as_the_naive_generation_loop_and_the_batcher(tiny_l
     assert got[0].kept_generated_share == pytest.approx(11 / steps)  # 8 kept at 36, 3 fed since
     assert got[1].evictions == () and got[1].ring_wraps > 0
     assert got[1].kept_generated_share == pytest.approx(12 / steps)  # the ring: the last 12
+
+
+def test_a_query_appended_after_prefill_keeps_its_last_tokens_in_both_paths(tiny_llama, prompt_ids):
+    params, at = {"method": "snapstream", **SMALL}, 30  # 12 pinned + 10 appended: over 20 - w
+    cache = build_cache(params)
+    alone = generate(tiny_llama, prompt_ids, cache, 30, set(), compress_at=at).tokens
+    answers = []
+    request = Request(tuple(prompt_ids), params, 30, compress_at=at)
+    ContinuousBatcher(tiny_llama, rows=1).run([request], answers.append)
+    assert answers[0].tokens == alone and answers[0].evictions == (2, 6, 10, 14, 18, 22, 26)
+    for layer in range(len(cache.layers)):
+        held = cache.kept_positions(layer)[0]
+        query = held[(held >= at) & (held < PROMPT_LENGTH)].view(held.shape[0], -1)
+        assert query.tolist() == [[36, 37, 38, 39]] * 2  # 20 - 12 pinned - 4 recent
+        assert (held[:, :12] < at).all() and held[:, 16:23].tolist() == [list(range(62, 69))] * 2

@@ -22,12 +22,15 @@ class SnapStreamCache(SnapevalCache):
     oldest generated one. Buffers are allocated once; decode never resizes them.
 
     ``reselect_every`` = N (off by default: the above is the paper's method) replaces the ring's overwrite
-    with a decode-time re-selection (:mod:`snapeval.cache.eviction`): whenever a row holds all its slots,
-    each full-attention layer keeps ``budget - N`` of them, so the next N tokens fit before the next one.
-    The prompt slots (pinned, and any query appended after prefill) are always kept; the generated ones
-    are ranked by SnapKV's priority from the last w <= ``window`` generated tokens' queries: their attention
-    over the held slots in storage order (causal among the w), summed over the w, pooled, reduced over each
-    GQA group; the w tokens themselves are always kept. The slots kept stay in storage order (ascending).
+    with a decode-time re-selection (:mod:`snapeval.cache.eviction`): whenever a row holds all its
+    ``budget`` slots, each full-attention layer keeps ``budget - N`` of them (in storage order), so the next
+    N tokens fit before the next re-selection. It keeps, per KV head: the prompt slots before the ring;
+    the last w <= ``window`` tokens fed, whose queries score the rest; any other prompt slots (a query
+    appended after prefill); then the generated tokens of highest SnapKV priority from those w queries
+    (their attention over the held slots in storage order, causal among the w, summed over them, pooled
+    with ``kernel``/``pooling``, reduced over each GQA group by ``gqa_reduce``). The prompt before the
+    ring is always kept; when the recent tokens or an appended query do not all fit, their newest stay.
+    Sliding-window layers keep their ring.
 
     Parameters and their defaults: :class:`~snapeval.configs.cache.SnapStream`.
     """
@@ -61,14 +64,26 @@ class SnapStreamCache(SnapevalCache):
         return Selection(pinned=top_columns(priority, prompt_slots), capacity=capacity)
 
     def reselect(self, held: LayerPrompt, keep: int) -> torch.Tensor:
-        """(1, cache_heads, keep) ascending slots of ``held`` to keep: every prompt slot, the slots of the
-        w recent queries, and the generated slots of highest SnapKV priority from those queries."""
-        priority = reselect_priority(held, self.kernel, self.pooling, self.gqa_reduce)
-        return top_columns(priority, keep)
+        """(1, cache_heads, keep) ascending slots of ``held`` to keep (see the class docstring)."""
+        pinned = keep + self.reselect_every - self.ring  # the slots before the ring
+        ranks = reselect_ranks(held, pinned, self.kernel, self.pooling, self.gqa_reduce)
+        return ranks[..., :keep].sort(dim=-1).values
 
 
-def reselect_priority(held: LayerPrompt, kernel: int, pooling: str, gqa_reduce: str) -> torch.Tensor:
-    """(1, cache_heads, S) priority of a layer's ``held`` slots at a re-selection: SnapKV's priority with
-    the w >= 1 recent queries as its window (the last w held slots, +inf), prompt slots +inf."""
-    priority = snapkv_priority(held, held.query.shape[2], kernel, pooling, gqa_reduce)
-    return priority.masked_fill(held.positions < held.prompt_length, float("inf"))
+def reselect_ranks(
+    held: LayerPrompt, pinned: int, kernel: int, pooling: str, gqa_reduce: str
+) -> torch.Tensor:
+    """(1, cache_heads, S) a layer's ``held`` slots, most wanted first: the prompt slots among the first
+    ``pinned``; the last w slots (the tokens of the w >= 1 recent queries), newest first; the other prompt
+    slots (a query appended after prefill), newest first; the generated slots by SnapKV's priority from the
+    w recent queries (ties: the earlier slot first)."""
+    w = held.query.shape[2]
+    scores = snapkv_priority(held, w, kernel, pooling, gqa_reduce)
+    slots = torch.arange(held.length, device=scores.device).expand_as(scores)
+    prompt = held.positions < held.prompt_length
+    tier = prompt.long()
+    tier[..., -w:] = 2
+    tier[prompt & (slots < pinned)] = 3
+    by_score = torch.where(tier == 0, scores, slots.to(scores.dtype))
+    order = by_score.argsort(dim=-1, descending=True, stable=True)
+    return order.gather(-1, tier.gather(-1, order).argsort(dim=-1, descending=True, stable=True))
