@@ -400,3 +400,22 @@ def test_a_query_appended_after_prefill_keeps_its_last_tokens_in_both_paths(tiny
         query = held[(held >= at) & (held < PROMPT_LENGTH)].view(held.shape[0], -1)
         assert query.tolist() == [[36, 37, 38, 39]] * 2  # 20 - 12 pinned - 4 recent
         assert (held[:, :12] < at).all() and held[:, 16:23].tolist() == [list(range(62, 69))] * 2
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "gemma3"])
+def test_mla_and_sliding_window_families_reselect_alike_in_both_paths(family, prompt_ids):
+    model = install(FAMILIES[family](TINY_VOCAB))
+    model.generation_config.eos_token_id = None
+    params = {"method": "snapstream", **SMALL}
+    cache = build_cache(params)
+    alone = generate(model, prompt_ids, cache, 30, set()).tokens
+    answers = []
+    ContinuousBatcher(model, rows=1).run([Request(tuple(prompt_ids), params, 30)], answers.append)
+    assert answers[0].tokens == alone and answers[0].evictions == (12, 16, 20, 24, 28)
+    fed = PROMPT_LENGTH + 29
+    for layer in cache.layers:
+        held = sorted(c for c in layer.positions[0, 0].tolist() if c >= 0)
+        if layer.window is not None:  # a sliding-window layer keeps its ring: the last tokens fed
+            assert held == list(range(fed - SMALL["budget"], fed))
+        else:
+            assert len(held) == 21 and held[-5:] == list(range(fed - 5, fed))  # 12 + 8 + 1 fed since
