@@ -26,6 +26,9 @@ class RKVCache(SnapevalCache):
     to ``budget`` the same way at prefill (its last ``window`` queries as the window); a shorter one is
     kept whole. Scores are computed in float32 (the authors' softmax is float32, their similarities in
     the model's dtype). An MLA layer is scored in latent space (:mod:`snapeval.cache.mla`), one cache head.
+    The authors' code also waits, once its cache holds ``budget + buffer`` tokens, for the decoded count
+    to reach a multiple of ``buffer``: after a prompt shorter than ``budget`` their cache grows past
+    ``budget + buffer`` until then, where a row here, of fixed size, is re-selected as soon as it is full.
 
     Parameters and their defaults: :class:`~snapeval.configs.cache.RKV` (the authors' code:
     https://github.com/Zefan-Cai/R-KV, ``R1KV`` and ``cal_similarity``).
