@@ -108,10 +108,8 @@ class KvpressCache(SnapevalCache):
 
     def reselect(self, held: LayerPrompt, keep: int) -> torch.Tensor:
         """kvpress's ``DecodingPress.compress`` of the held slots: the press's scores at the ratio that
-        keeps ``keep``, their ``topk`` in its order (all slots, in order, if at most ``keep`` are held)."""
+        keeps ``keep``, their ``topk`` in its order."""
         ratio, kept = self._target(held.length, keep)
-        if ratio == 0:
-            return torch.arange(held.length, device=held.keys.device).expand(*held.keys.shape[:2], -1)
         scores = self._scores(held.module, held.inputs, held.keys, held.values, ratio)
         return scores.topk(kept, dim=-1).indices
 
