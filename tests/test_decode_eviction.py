@@ -163,5 +163,6 @@ def test_rows_re_select_as_the_one_by_one_path_does_and_a_grid_shares_the_prefil
     evicting = [got[r.tag] for r in requests + twins if r.cache["method"] == TOY]
     assert all(len(answer.evictions) >= 3 for answer in evicting)
     assert all(0 < answer.kept_generated_share < 1 for answer in evicting)
+    assert all(answer.ring_wraps == 0 for answer in evicting)  # a full row re-selects, it never wraps
     full = [got[r.tag] for r in requests if r.cache["method"] == "full"]
     assert all(answer.evictions == () and answer.kept_generated_share is None for answer in full)
