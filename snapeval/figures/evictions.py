@@ -153,7 +153,8 @@ def _accuracy(ax: Axes, series: Series) -> None:
     summaries = pd.DataFrame([setting.summary for setting in series.members])
     accuracy, low, high = summaries["accuracy"], summaries["ci_low"], summaries["ci_high"]
     yerr = error_bars(accuracy, low, high)
-    ax.errorbar(summaries["kv_mib"], accuracy, yerr=yerr, label=series.label, **series.style)
+    front = {"zorder": 3} if series.method == "full" else {}  # the reference, over a method at its size
+    ax.errorbar(summaries["kv_mib"], accuracy, yerr=yerr, label=series.label, **series.style, **front)
 
 
 def _kept(ax: Axes, series: Series) -> None:
