@@ -21,16 +21,17 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from snapeval.configs.methods import METHODS, effective_params, parameter_names
+from snapeval.configs.methods import METHODS, effective_params, missing_extra, parameter_names
 from snapeval.errors import SnapevalError
 
 GRID_KEYS = ("cache", "params", "share_prefill")
 
 
 def _shipped(name: Any) -> dict[str, Any] | None:
-    """The cache config of group option ``name`` (a built-in method's defaults), or None if none."""
+    """The cache config of group option ``name`` (a built-in method's declared defaults, as Hydra composes
+    them), or None if none."""
     params = METHODS.get(name) if isinstance(name, str) else None
-    return dataclasses.asdict(params()) if params is not None else None
+    return {f.name: f.default for f in dataclasses.fields(params)} if params is not None else None
 
 
 def _option(name: Any) -> dict[str, Any]:
@@ -84,6 +85,8 @@ def grid_points(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     points, seen = [], set()
     for option in grid["cache"]:
         shipped = _option(option)
+        if missing_extra(shipped["method"]):
+            continue  # preflight says so once (skipped_options)
         for values in itertools.product(*swept.values()):
             # a parameter the method does not take is left out: the point is that method's own config
             given = {name: value for name, value in zip(swept, values, strict=True) if name in shipped}
@@ -96,6 +99,12 @@ def grid_points(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
                 seen.add(effective)
                 points.append({**base, "cache": cache})
     return points
+
+
+def skipped_options(cfg: Mapping[str, Any]) -> dict[str, str]:
+    """The grid's cache options left out here, each with why: the optional extra it needs is missing."""
+    options = (cfg.get("grid") or {}).get("cache") or []
+    return {option: why for option in options if (why := missing_extra(_option(option)["method"]))}
 
 
 def shares_prefill(cfg: Mapping[str, Any]) -> bool:

@@ -8,12 +8,14 @@ draft models a cache names.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from snapeval.configs.methods import draft_names
+from snapeval.configs.methods import draft_names, missing_extra
 from snapeval.errors import SnapevalError
+from snapeval.grid import check_grid, grid_points, skipped_options
 from snapeval.paths import CONF_DIR
 
 DRAFT_FIELD = "cache.draft"
@@ -33,9 +35,9 @@ def check_inputs(config: Mapping[str, Any]) -> None:
 
     if config.get("grid") is None:  # a draft's name, before torch loads
         check_draft_names([config["cache"]])
+    check_extras(config)
 
     from snapeval.cache import build_cache  # torch and transformers load here
-    from snapeval.grid import check_grid, grid_points
 
     if config.get("grid") is None:  # the schema checked a shipped method's keys; an outside one's here
         cache = config["cache"]
@@ -44,6 +46,19 @@ def check_inputs(config: Mapping[str, Any]) -> None:
     else:
         check_grid(config)
     check_drafts([point["cache"] for point in grid_points(config)])
+
+
+def check_extras(config: Mapping[str, Any]) -> None:
+    """Refuse a method whose optional extra is missing, before torch loads; a grid leaves its points out
+    with a note, and runs the rest."""
+    if config.get("grid") is None:
+        if why := missing_extra(config["cache"].get("method")):
+            raise SnapevalError(why, "cache.method")
+        return
+    for option, why in skipped_options(config).items():
+        print(f"note: grid.cache: {option} left out: {why}", file=sys.stderr)
+    if not grid_points(config):
+        raise SnapevalError("no point of this grid can run here", "grid.cache")
 
 
 def check_shard(samples: int, spec: str | None) -> None:

@@ -173,7 +173,7 @@ def test_errors_that_came_after_the_model_loaded_now_come_before(tmp_path, monke
 def test_an_unknown_press_is_named(tmp_path):
     message = refusal(tmp_path, "cache=kvpress", "cache.press=NoSuchPress")
     if importlib.util.find_spec("kvpress") is None:  # the press list is kvpress's: it says it lacks it
-        assert message == "cache.press: kvpress is not installed; pip install 'snapeval[kvpress]'"
+        assert message == "cache.method: kvpress is not installed; pip install 'snapeval[kvpress]'"
     else:
         assert message.startswith("cache.press: no kvpress scorer press 'NoSuchPress'; choose one of")
 

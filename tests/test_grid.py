@@ -262,3 +262,33 @@ def test_cache_settings_outside_the_grid_are_rejected(composed, tmp_path):
     with pytest.raises(SnapevalError, match="grid.params") as raised:
         runner.check_config(composed(tmp_path, "+exp=smoke", "cache.budget=100"))
     assert raised.value.field == "cache"
+
+
+def test_a_grid_leaves_out_a_method_whose_extra_is_missing_and_says_so(monkeypatch, capsys):
+    """``+exp=aime_budget_sweep`` names kvpress: where its extra is missing its points are left out with a
+    note and the rest run; where it is there, its decoding point starts from kvpress's declared defaults
+    (decoding on, the buffer size it did not name at kvpress's 256)."""
+    from importlib import util
+
+    from snapeval import preflight
+
+    cfg = compose_config("+exp=aime_budget_sweep", "run.limit=1")
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "kvpress" else real(name, *a))
+    points = grid_points(cfg)
+    assert {point["cache"]["method"] for point in points} == {
+        "full",
+        "streaming_llm",
+        "snapkv",
+        "snapstream",
+        "sage_kv",
+        "rkv",
+    }
+    preflight.check_extras(cfg)
+    note = "note: grid.cache: kvpress left out: kvpress is not installed; pip install 'snapeval[kvpress]'"
+    assert capsys.readouterr().err == note + "\n"
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: object() if name == "kvpress" else real(name, *a))
+    kvpress = [point["cache"] for point in grid_points(cfg) if point["cache"]["method"] == "kvpress"]
+    assert [cache["budget"] for cache in kvpress] == [128, 256]
+    assert all(c["decoding"] and c["compression_interval"] == 64 for c in kvpress)
+    assert all(c["hidden_states_buffer_size"] == 256 for c in kvpress)

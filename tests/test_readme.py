@@ -196,12 +196,5 @@ def test_the_readme_traces_exactly_what_the_sweep_executes_less_the_named_helper
     assert "snapeval/tasks/aime24.py" in listed and "conf/exp/aime_budget_sweep.yaml" in listed
 
 
-def test_the_readme_gives_the_sweep_without_kvpress_that_the_trace_runs_without_its_extra():
-    from .trace import WITHOUT_KVPRESS
-
-    overrides = " ".join(f"'{override}'" for override in WITHOUT_KVPRESS)
-    assert f"python -m snapeval +exp=aime_budget_sweep {overrides}\n" in README.read_text()
-
-
 def test_the_readme_names_every_helper_the_trace_leaves_out():
     assert readme_helpers() >= set(LEAF_HELPERS), sorted(set(LEAF_HELPERS) - readme_helpers())

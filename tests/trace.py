@@ -11,7 +11,6 @@ the helpers, to write that section from.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import os
@@ -25,16 +24,6 @@ from types import CodeType, FrameType
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "snapeval"
 CONF = ROOT / "conf"
-
-#: ``+exp=aime_budget_sweep`` without kvpress's decoding press, where kvpress's extra is not installed (as
-#: the README gives it).
-WITHOUT_KVPRESS = (
-    "grid.cache=[full,streaming_llm,snapkv,snapstream,sage_kv,rkv]",
-    "~grid.params.decoding",
-    "~grid.params.compression_interval",
-    "~grid.params.hidden_states_buffer_size",
-    "~grid.params.press",
-)
 
 #: An AIME-like problem long enough (about 300 tokens) that both budgets of the sweep evict.
 PROBLEM = (
@@ -133,7 +122,6 @@ def measure(workdir: Path) -> dict[str, list[str]]:
         "model.name=tiny-llama",
         "task.max_new_tokens=4",
         f"task.metadata.data_path={data}",
-        *(WITHOUT_KVPRESS if importlib.util.find_spec("kvpress") is None else ()),
         env=env,
     )
     figures = _recorded(

@@ -13,7 +13,7 @@ loads.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from snapeval.configs.fields import setting
 from snapeval.configs.values import (
@@ -241,6 +241,7 @@ class Kvpress:
     defaults). A ``budget`` replaces the ratio; ``ratio`` is ignored.
     """
 
+    extra: ClassVar[str] = "kvpress"  # the optional dependency (and snapeval extra) it needs
     method: str = "kvpress"
     budget: int | None = None
     ratio: float | None = ignored()

@@ -8,6 +8,7 @@ one line, and :func:`register_caches` makes every method an option of Hydra's ``
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
@@ -134,3 +135,12 @@ def check_cache(cache: Mapping[str, Any], grid: bool = False) -> None:
 def draft_names(caches: Iterable[Mapping[str, Any]]) -> list[str]:
     """The draft models that cache configs name (``cache.draft``), the target itself left out, sorted."""
     return sorted({str(cache["draft"]) for cache in caches if cache.get("draft") not in (None, SELF_DRAFT)})
+
+
+def missing_extra(method: object) -> str | None:
+    """Why built-in ``method`` cannot run here: the optional extra it needs is not installed (None: it
+    can). Torch-free, so a run is refused before any model loads."""
+    package = getattr(METHODS.get(method) if isinstance(method, str) else None, "extra", None)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return None
+    return f"{package} is not installed; pip install 'snapeval[{package}]'"
