@@ -13,7 +13,7 @@ rows of the same slots, in one run:
 Per setting it prints the decode wall time per step (the step itself, and the re-selections run between
 steps), the step alone, the re-selections made, and the ratio of the per-step wall time to the setting's
 reference without re-selection: medians over ``--repeats`` rounds, each round running every setting in
-turn, so slow drifts in machine load hit them alike.
+turn (every other round in reverse order), so slow drifts in machine load hit them alike.
 
     python benchmarks/reselection.py                              # 8 rows, 512 steps, B 256, b 64
     python benchmarks/reselection.py --rows 4 --steps 256 --compile on
@@ -111,7 +111,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = install(load_model(SPEC))
     model.generation_config.eos_token_id = None
     chosen = settings(args.budget, args.buffer)
-    rounds = [[measure(model, cache, args) for _, cache, _ in chosen] for _ in range(args.repeats)]
+    rounds = []
+    for round_index in range(args.repeats):  # every other round in reverse: no setting always runs first
+        order = list(range(len(chosen)))[:: 1 if round_index % 2 == 0 else -1]
+        measured = {index: measure(model, chosen[index][1], args) for index in order}
+        rounds.append([measured[index] for index in range(len(chosen))])
     results, by_name = [], {}
     for index, (name, _, reference) in enumerate(chosen):
         runs = [round_[index] for round_ in rounds]
