@@ -19,9 +19,11 @@ from transformers import DynamicCache
 from snapeval.cache import build_cache
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
 from snapeval.cache.eviction import Eviction
-from snapeval.continuous import ContinuousBatcher, Request
+from snapeval.continuous import Request
 from snapeval.generation import generate
 from snapeval.sampling import Sampling
+
+from .batched import answers_equal_alone
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 TOY = "tests.test_decode_eviction:KeyNormEviction"
@@ -138,13 +140,6 @@ def mixed_requests(count: int, max_new: int) -> list[Request]:
     return requests
 
 
-def alone(model, request: Request) -> list[int]:
-    cache = build_cache(request.cache)
-    return generate(
-        model, list(request.prompt_ids), cache, request.max_new_tokens, set(), request.sampling
-    ).tokens
-
-
 def test_rows_re_select_as_the_one_by_one_path_does_and_a_grid_shares_the_prefill(tiny_llama):
     """Two of every setting per prompt (one prefill for the grid of them), 3 rows refilled: every
     answer's tokens are those of its request alone, and the evicting rows report their re-selections."""
@@ -154,12 +149,7 @@ def test_rows_re_select_as_the_one_by_one_path_does_and_a_grid_shares_the_prefil
         for r in requests[:4]
         for n, rule in enumerate(RULES)
     ]
-    got = {}
-    ContinuousBatcher(tiny_llama, 3).run(
-        requests + twins, lambda answer: got.__setitem__(answer.request.tag, answer)
-    )
-    for request in requests + twins:
-        assert got[request.tag].tokens == alone(tiny_llama, request), request.cache
+    got = answers_equal_alone(tiny_llama, requests + twins)
     evicting = [got[r.tag] for r in requests + twins if r.cache["method"] == TOY]
     assert all(len(answer.evictions) >= 3 for answer in evicting)
     assert all(0 < answer.kept_generated_share < 1 for answer in evicting)

@@ -14,6 +14,8 @@ from snapeval.cache import build_cache, install
 from snapeval.errors import SnapevalError
 from tests.families import FAMILIES
 
+from .batched import answers_equal_alone
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 KVPRESS = "needs kvpress (pip install 'snapeval[kvpress]')"
 VOCAB = 512
@@ -182,8 +184,7 @@ def test_batched_rows_decode_as_one_by_one_and_a_grid_shares_the_prefill(tiny_ll
     (the batcher's step records the attention inputs the presses read): every answer's tokens are those
     of its request alone, and the compressing rows report a re-selection every interval."""
     pytest.importorskip("kvpress", reason=KVPRESS)
-    from snapeval.continuous import ContinuousBatcher, Request
-    from snapeval.generation import generate
+    from snapeval.continuous import Request
     from snapeval.sampling import Sampling
 
     settings = [snapeval_params("SnapKVPress"), snapeval_params("ExpectedAttentionPress"), {"method": "full"}]
@@ -192,12 +193,7 @@ def test_batched_rows_decode_as_one_by_one_and_a_grid_shares_the_prefill(tiny_ll
         sampling = Sampling(do_sample=index % 2 == 0, temperature=0.8, seed=index)
         for n, cache in enumerate(settings):  # one prompt, three settings: a grid sharing its prefill
             requests.append(Request(tuple(tokens(length, index)), cache, 30, sampling, tag=(index, n)))
-    got = {}
-    ContinuousBatcher(tiny_llama, 3).run(requests, lambda answer: got.__setitem__(answer.request.tag, answer))
-    for request in requests:
-        cache = build_cache(request.cache)
-        alone = generate(tiny_llama, list(request.prompt_ids), cache, 30, set(), request.sampling)
-        assert got[request.tag].tokens == alone.tokens, request.cache
+    got = answers_equal_alone(tiny_llama, requests)
     for request in requests:
         answer = got[request.tag]
         if request.cache["method"] == "full":

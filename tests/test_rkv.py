@@ -24,11 +24,12 @@ from snapeval.cache.attention import ATTENTION_NAME
 from snapeval.cache.base import LayerPrompt
 from snapeval.cache.redundancy import importance, kept_slots, redundancy, rkv_scores
 from snapeval.cache.rkv import RKVCache
-from snapeval.continuous import ContinuousBatcher, Request
+from snapeval.continuous import Request
 from snapeval.generation import generate
 from snapeval.sampling import Sampling
 from tests.families import FAMILIES
 
+from .batched import answers_equal_alone
 from .conftest import TINY_VOCAB
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -353,10 +354,5 @@ def test_batched_rows_and_a_grid_of_settings_answer_as_one_by_one(tiny_llama):
         sampling = Sampling(do_sample=index % 2 == 1, temperature=0.8, seed=index)
         for n, cache in enumerate([*settings, {"method": "full"}]):
             requests.append(Request(ids, cache, 30, sampling, tag=(index, n)))
-    got = {}
-    ContinuousBatcher(tiny_llama, 3).run(requests, lambda answer: got.__setitem__(answer.request.tag, answer))
-    for request in requests:
-        cache = build_cache(request.cache)
-        alone = generate(tiny_llama, list(request.prompt_ids), cache, 30, set(), request.sampling)
-        assert got[request.tag].tokens == alone.tokens, request.cache
+    got = answers_equal_alone(tiny_llama, requests)
     assert all(len(got[r.tag].evictions) >= 2 for r in requests if r.cache["method"] == "rkv")
