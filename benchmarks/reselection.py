@@ -7,7 +7,7 @@ rows of the same slots, in one run:
 * R-KV (budget B, buffer b): rows of B + b slots, re-selected whenever full, vs a fixed ring of as many
   slots (SnapStream, budget B + b, ring b: it evicts its oldest instead of re-scoring);
 * SnapStream with ``reselect_every`` k vs plain SnapStream at the same budget;
-* kvpress decoding (KnormPress, every b steps down to B) vs the same press at prefill only, when the
+* kvpress decoding (KnormPress, every b steps down to B: rows of B + b slots) vs the same ring, when the
   kvpress extra is installed.
 
 Per setting it prints the decode wall time per step (the step itself, and the re-selections run between
@@ -55,15 +55,14 @@ def settings(budget: int, buffer: int) -> list[tuple[str, dict, str | None]]:
         ("SnapStream reselect_every b/4", {**plain, "reselect_every": buffer // 4}, "SnapStream, B slots"),
     ]
     if importlib.util.find_spec("kvpress") is not None:
-        press = {"method": "kvpress", "budget": budget, "press": "KnormPress"}
-        rows += [
-            ("kvpress KnormPress, prefill only", {**press, "compression_ratio": None}, None),
+        press = {"method": "kvpress", "budget": budget, "press": "KnormPress", "decoding": True}
+        rows.append(
             (
-                "kvpress KnormPress, decoding",
-                {**press, "decoding": True, "compression_interval": buffer},
-                "kvpress KnormPress, prefill only",
-            ),
-        ]
+                "kvpress KnormPress decoding, B+b slots",
+                {**press, "compression_interval": buffer},
+                "SnapStream ring, B+b slots",
+            )
+        )
     return rows
 
 
