@@ -122,7 +122,7 @@ class _Run:
         for request in queue:  # settle the step's Python flags before it first compiles
             self.sampling.note(request.sampling)
             batcher.slots.admit(build_cache(request.cache, strict=False), len(request.prompt_ids))
-        pin_for_cuda_graphs(self.sampling.tensors())
+        pin_for_cuda_graphs([*self.sampling.tensors(), *batcher.slots.tensors()])  # admit may add rings
         self.step = compile_step(batcher.step, device) if batcher.compiled else batcher.step
         self.tokens = torch.zeros(batcher.rows, dtype=torch.long, device=device)
         self.rows: list[Row | None] = [None] * batcher.rows
@@ -207,7 +207,7 @@ class _Run:
             batcher.slots.admit(build_cache(request.cache, strict=False), len(request.prompt_ids))
         if added and (needed := max(map(batcher.slots_needed, added))) > batcher.slots.capacity:
             batcher.slots = batcher.slots.grown(needed)  # rare: a request longer than any reserved for
-            pin_for_cuda_graphs(batcher.slots.tensors())
+        pin_for_cuda_graphs(batcher.slots.tensors())  # grown, or recording rings admitted
         if first:
             self.queue.extendleft(reversed(added))
         else:
