@@ -41,6 +41,11 @@ class Eviction:
     queries: int = 0
     hidden: int = 0
 
+    def wanted(self, name: str, since: int) -> int:
+        """How many recorded ``name`` entries the method reads: the last ``queries`` queries, and the
+        attention inputs (``hidden_states``) of at most the ``since`` steps since the last re-selection."""
+        return self.queries if name == "queries" else min(self.hidden, since)
+
     def due(self, held: int, since: int) -> bool:
         """Whether a row holding ``held`` tokens, ``since`` decode steps after its last re-selection (or
         its prefill), is re-selected now."""
@@ -60,8 +65,12 @@ class Recent:
     def size(self) -> int:
         return self.buffer.shape[1]
 
-    def write(self, entries: torch.Tensor, count: torch.Tensor) -> None:
-        """Write one entry per row (``entries``: (rows, ...)) at each row's ``count`` (rows,) % size."""
+    def write(self, entries: torch.Tensor, count: torch.Tensor | int) -> None:
+        """Write one entry per row (``entries``: (rows, ...)) at ``count % size``: each row's own count
+        ((rows,) tensor: the batcher's rows, inside the compiled step) or one for all rows (an int)."""
+        if isinstance(count, int):
+            self.buffer[:, count % self.size] = entries
+            return
         index = (count % self.size).view(-1, 1, *[1] * (entries.dim() - 1))
         self.buffer.scatter_(1, index.expand(-1, 1, *entries.shape[1:]), entries[:, None])
 

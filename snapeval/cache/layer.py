@@ -176,7 +176,7 @@ class KVLayer(CacheLayerMixin):
                 if name not in self.recent:
                     shape = tuple(entry.shape[1:])
                     self.recent[name] = Recent(entry.shape[0], sizes[name], shape, entry.dtype, entry.device)
-                self.recent[name].write(entry, torch.full((entry.shape[0],), self.fed, device=entry.device))
+                self.recent[name].write(entry, self.fed)
         self.fed += 1
         self.since += 1
 
@@ -185,8 +185,7 @@ class KVLayer(CacheLayerMixin):
         the last re-selection), or None if none are recorded."""
         if name not in self.recent:
             return None
-        wanted = self.eviction.queries if name == "queries" else min(self.eviction.hidden, self.since)
-        return self.recent[name].last(row, self.fed, wanted)
+        return self.recent[name].last(row, self.fed, self.eviction.wanted(name, self.since))
 
     def held_states(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Keys, values and columns of the slots an evicting layer holds, in storage order."""

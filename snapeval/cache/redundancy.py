@@ -16,7 +16,8 @@ KV head and key, in float32 (float64 for float64 inputs); ``valid`` (batch, S) m
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from snapeval.cache.scoring import pool_scores
 
 CHUNK_ENTRIES = 2**26  # similarity entries computed at once (about 9 bytes each at the peak), not S x S
 
@@ -54,7 +55,7 @@ def importance(
         columns = torch.arange(length - window, device=keys.device)
         logits = logits.masked_fill(columns <= rows - sliding_window, float("-inf"))
     probabilities = logits.softmax(dim=-1).nan_to_num(0.0)  # a query seeing no key: all -inf
-    return F.max_pool1d(probabilities.mean(dim=-2), kernel, stride=1, padding=kernel // 2)
+    return pool_scores(probabilities.mean(dim=-2), kernel, "max")
 
 
 def redundancy(keys: torch.Tensor, threshold: float, valid: torch.Tensor | None = None) -> torch.Tensor:
@@ -96,10 +97,14 @@ def rkv_scores(
     """(batch, kv_heads, S - w) R-KV scores of the keys before the window of the w = query.shape[2]
     queries: ``mix_lambda * importance - (1 - mix_lambda) * redundancy`` (arguments as
     :func:`importance`'s and :func:`redundancy`'s)."""
-    prefix = keys.shape[2] - query.shape[2]
     weight = importance(query, keys, kernel, scaling, valid, sliding_window)
-    similar = redundancy(keys, threshold, valid)[..., :prefix]
-    return mix_lambda * weight - (1 - mix_lambda) * similar
+    return mixed(weight, redundancy(keys, threshold, valid), mix_lambda)
+
+
+def mixed(weight: torch.Tensor, similar: torch.Tensor, mix_lambda: float) -> torch.Tensor:
+    """``mix_lambda * importance - (1 - mix_lambda) * redundancy`` of the keys ``weight`` (the importance
+    of the keys before the window) covers; ``similar``: every key's redundancy."""
+    return mix_lambda * weight - (1 - mix_lambda) * similar[..., : weight.shape[-1]]
 
 
 def kept_slots(scores: torch.Tensor, keep: int, window: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
 from snapeval.cache.eviction import Eviction
-from snapeval.cache.redundancy import importance, kept_slots, redundancy, rkv_scores
+from snapeval.cache.redundancy import importance, kept_slots, mixed, redundancy, rkv_scores
 from snapeval.cache.scoring import top_columns
 from snapeval.configs.cache import RKV
 
@@ -61,7 +61,6 @@ class RKVCache(SnapevalCache):
         the window, -inf for padding. Importance and redundancy are kept in ``prompt.scores``, so that
         the settings a grid selects from one prefill compute each once."""
         window, keys = self.window, prompt.scoring_keys()
-        prefix = prompt.length - window
         weight = prompt.scores.get(("rkv importance", window, self.kernel))
         if weight is None:
             queries = prompt.window_queries(window)
@@ -73,6 +72,6 @@ class RKVCache(SnapevalCache):
         if similar is None:
             similar = redundancy(keys, self.threshold, prompt.valid)
             prompt.scores[("rkv redundancy", self.threshold)] = similar
-        scores = self.mix_lambda * weight - (1 - self.mix_lambda) * similar[..., :prefix]
+        scores = mixed(weight, similar, self.mix_lambda)
         forced = scores.new_full((*scores.shape[:2], window), float("inf"))
         return torch.cat([scores, forced], dim=-1).masked_fill(~prompt.valid[:, None], float("-inf"))

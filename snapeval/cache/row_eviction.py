@@ -101,12 +101,12 @@ class StepRecorder:
             module = self.modules[index]
             keys, values, positions = (layers[index] for layers in buffers)
             states = tuple(state[row : row + 1, :, :held] for state in (keys, values, positions))
-            hidden = self.entries(HIDDEN, index, row, fed, min(eviction.hidden, since))
+            hidden = self.entries(HIDDEN, index, row, fed, eviction.wanted(HIDDEN, since))
             position_embeddings = None
             if hidden is not None:  # the last fed token's, as its step computed them
                 column = torch.tensor([[prompt_length + fed - 1]], device=keys.device)
                 position_embeddings = getattr(module, ROTARY_MODULE)(hidden, column)
-            queries = self.entries(QUERIES, index, row, fed, eviction.queries)
+            queries = self.entries(QUERIES, index, row, fed, eviction.wanted(QUERIES, since))
             prompt = method.held_slots(states, queries, hidden, module, position_embeddings, prompt_length)
             reselected = method.reselected(prompt, eviction)
             if reselected is None:
@@ -120,6 +120,7 @@ class StepRecorder:
             positions[row, :, :width] = new_positions[0]
         rings.valid[row] = rings.slot_index < kept
         rings.start[row], rings.size[row], rings.next[row] = 0, eviction.slots, kept
+        rings.wraps[row] = 0  # its cursor came round only because the row filled: nothing was overwritten
         return kept
 
 

@@ -126,7 +126,7 @@ def answer_of(slots: SlotCache, index: int, row: Row, stopped: str) -> Answer:
         row.prefill_s,
         row.decode_s,
         kv_bytes=slots.row_bytes(held),
-        ring_wraps=0 if row.eviction is not None else int(slots.ring_wraps[index]),  # a full row re-selects
+        ring_wraps=int(slots.ring_wraps[index]),
         kept_histogram=histogram,
         kept_share=share,
         evictions=tuple(row.evictions),
