@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
+from snapeval.cache.attention import cache_keyword
 from snapeval.sampling import Sampling, sample_one
 
 
@@ -56,7 +57,8 @@ def prefill_logits(model: PreTrainedModel, prompt_ids: Sequence[int], cache: Cac
     )
     prefix = torch.tensor([list(ids)], device=model.device)
     extra = {} if positions is None else {"position_ids": torch.tensor([positions], device=model.device)}
-    return model(input_ids=prefix, past_key_values=cache, use_cache=True, logits_to_keep=1, **extra).logits[0]
+    extra[cache_keyword(model)] = cache
+    return model(input_ids=prefix, use_cache=True, logits_to_keep=1, **extra).logits[0]
 
 
 def append_logits(model: PreTrainedModel, token_ids: Sequence[int], cache: Cache) -> torch.Tensor | None:
@@ -64,10 +66,10 @@ def append_logits(model: PreTrainedModel, token_ids: Sequence[int], cache: Cache
     cache can take; None when there is nothing to append."""
     rest = list(token_ids)
     chunk = _append_limit(cache) or len(rest) or 1
-    logits = []
+    logits, passing = [], {cache_keyword(model): cache}
     for start in range(0, len(rest), chunk):
         piece = torch.tensor([rest[start : start + chunk]], device=model.device)
-        logits.append(model(input_ids=piece, past_key_values=cache, use_cache=True).logits[0])
+        logits.append(model(input_ids=piece, use_cache=True, **passing).logits[0])
     return torch.cat(logits) if logits else None
 
 
@@ -123,9 +125,10 @@ def generate(
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
     tokens: list[int] = []
+    passing = {cache_keyword(model): cache}
     while (stopped := take_token(tokens, token, stop_ids, max_new_tokens, should_stop)) is None:
         step = torch.tensor([[token]], device=device)
-        logits = model(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1]
+        logits = model(input_ids=step, use_cache=True, **passing).logits[0, -1]
         token = sample_one(logits, sampling, len(tokens))
     synchronize(device)
     return Generation(tokens, prefill_s, time.perf_counter() - start, stopped)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from types import ModuleType, TracebackType
 
@@ -40,18 +41,23 @@ def register() -> None:
 
 def one_line_errors() -> None:
     """Once lm-eval is in use, an uncaught :class:`~snapeval.errors.SnapevalError` (a bad ``--model_args``
-    value, data that cannot be read) prints ``error: <message>`` in one line, as snapeval's own commands
-    do, not lm-eval's traceback around it; any other exception goes to the previous hook (idempotent)."""
+    value, data that cannot be read, a bypassed engine) prints ``error: <message>`` in one line and exits
+    with code 2, as snapeval's own commands do, not lm-eval's traceback around it; any other exception
+    goes to the previous hook (idempotent)."""
     previous = sys.excepthook
     if getattr(previous, "snapeval_one_line", False):
         return
 
     def hook(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
-        from snapeval.cli import error_line  # standard library only
+        from snapeval.cli import EXIT_BAD_INPUT, error_line  # standard library only
         from snapeval.errors import SnapevalError
 
         if isinstance(error, SnapevalError):
             print(error_line(error), file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_BAD_INPUT)  # bad input's exit code, as snapeval's own commands (an excepthook
+            # cannot set it otherwise: the interpreter exits 1 after any uncaught exception)
         else:
             previous(kind, error, traceback)
 

@@ -247,24 +247,24 @@ def _evaluate(
     most = max(sum(prompt.id in point.todo for prompt in prompts for point in group) for group in groups)
     batch_size = usable_rows(cfg["run"]["batch_size"], most)  # rows beyond the requests stay idle
     batcher = ContinuousBatcher(model, batch_size, cfg["run"]["compile"])
-    for group in groups:
-        queued = [
-            request(point, prompt, prompt.messages, task.max_new_tokens, [])
-            for prompt in prompts
-            for point in group
-            if prompt.id in point.todo
-        ]
-        if not queued:
-            continue
-        batcher.reserve(queued)  # for all of them: claiming as it goes never resizes the compiled step
-        while queued:
-            feed = ClaimingFeed(db, queued, batch_size, lease_s)
-            batcher.run([], on_answer, more=feed.next)
-            if not feed.claimed_any:
-                break  # the rest is claimed by live workers: theirs to store
-            done = {point.digest: db.done_sample_ids(point.digest) for point in group}
-            queued = [queued_request for queued_request in queued if not stored_in(queued_request, done)]
-    progress.close()
+    with progress:  # closed before an error is reported, so its line comes last
+        for group in groups:
+            queued = [
+                request(point, prompt, prompt.messages, task.max_new_tokens, [])
+                for prompt in prompts
+                for point in group
+                if prompt.id in point.todo
+            ]
+            if not queued:
+                continue
+            batcher.reserve(queued)  # for all of them: claiming as it goes never resizes the compiled step
+            while queued:
+                feed = ClaimingFeed(db, queued, batch_size, lease_s)
+                batcher.run([], on_answer, more=feed.next)
+                if not feed.claimed_any:
+                    break  # the rest is claimed by live workers: theirs to store
+                done = {point.digest: db.done_sample_ids(point.digest) for point in group}
+                queued = [queued_request for queued_request in queued if not stored_in(queued_request, done)]
 
 
 def _store(db: ResultsDB, point: _Point, row: dict[str, Any]) -> None:

@@ -27,8 +27,10 @@ any other cache (or none) it is exactly that base attention.
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
@@ -38,6 +40,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 from snapeval.cache.base import LAYER_WINDOW, SnapevalCache
 from snapeval.cache.mla import is_latent
 from snapeval.cache.rope import key_rotation
+from snapeval.couplings import CACHE_PARAMETERS, supported_range, transformers_version
 from snapeval.errors import SnapevalError
 
 ATTENTION_NAME = "snapeval"
@@ -49,6 +52,7 @@ ROPE_INV_FREQ = "snapeval_rope_inv_freq"  # attribute that install() sets on eve
 CACHE_KWARG = "snapeval_cache"  # the keyword that carries a layer's past_key_values to the attention
 ROTARY_MODULE = "snapeval_rotary_emb"  # the model's rotary embedding module, kept on every attention module
 INPUTS_KWARG = "snapeval_inputs"  # and the module's forward inputs, for a cache that wants_layer_inputs
+IN_LOOP_HOOK = "snapeval_in_loop_hook"  # attribute that install() sets once it hooked the model's forward
 
 
 def snapeval_attention(
@@ -77,6 +81,7 @@ def snapeval_attention(
     owns_mask = getattr(cache, "owns_decode_mask", False)
     if not owns_mask:
         return base(module, query, key, value, attention_mask, **kwargs)
+    cache.note_attended(layer_idx)  # the engine is in the loop: see check_engine_in_loop
     if isinstance(cache, SnapevalCache) and cache.awaiting_prefill(layer_idx):
         output = base(module, query, key, value, attention_mask, **kwargs)
         vars(module)[LAYER_WINDOW] = kwargs.get("sliding_window")  # for scores that see what it sees
@@ -127,19 +132,55 @@ def _rope_inv_freq(model: PreTrainedModel) -> torch.Tensor | None:
     return inv_freq.detach().float().clone()
 
 
-def _passing_the_cache(forward: Callable) -> Callable:
-    """An attention module's ``forward`` that also hands its ``past_key_values`` to the attention
-    function (transformers passes the module's extra keyword arguments on to it), and, to a cache that
+def cache_names(module: torch.nn.Module) -> tuple[tuple[str, ...], int | None]:
+    """The names under which ``module``'s ``forward`` may be handed the cache, the one it declares first
+    (then the other :data:`~snapeval.couplings.CACHE_PARAMETERS`, which a caller may still use as aliases),
+    and the declared one's place among the positional parameters (None: keyword only). The declared one
+    is the first of those names it takes, else a parameter annotated as a ``Cache``; a forward that takes
+    none is refused in one line."""
+    parameters = list(inspect.signature(module.forward).parameters.values())
+    by_name = {parameter.name: parameter for parameter in parameters}
+    found = next((by_name[name] for name in CACHE_PARAMETERS if name in by_name), None)
+    if found is None:
+        found = next((p for p in parameters if "Cache" in str(p.annotation)), None)
+    if found is None:
+        raise SnapevalError(
+            f"transformers {transformers_version()}: {type(module).__name__}.forward takes no cache "
+            f"(none of {', '.join(CACHE_PARAMETERS)}); {supported_range()}",
+            "model",
+        )
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    place = [p.name for p in parameters if p.kind in positional]
+    names = (found.name, *(name for name in CACHE_PARAMETERS if name != found.name))
+    return names, place.index(found.name) if found.name in place else None
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword under which ``model``'s ``forward`` takes a cache: the first of
+    :data:`~snapeval.couplings.CACHE_PARAMETERS` it names (``past_key_values`` before transformers 5.24,
+    where ``cache`` is new and the old name a deprecated alias)."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in CACHE_PARAMETERS if name in parameters), CACHE_PARAMETERS[-1])
+
+
+def _passing_the_cache(forward: Callable, names: tuple[str, ...], place: int | None) -> Callable:
+    """An attention module's ``forward`` that also hands the cache it takes (as the first of ``names``,
+    keyword or positional at ``place``, or under another of ``names``) to the attention function
+    (transformers passes the module's extra keyword arguments on to it), and, to a cache that
     ``wants_layer_inputs``, the forward's own keyword inputs (hidden states, position embeddings)."""
 
     @functools.wraps(forward)
-    def forward_with_cache(*args, past_key_values=None, **kwargs):
-        for name in (CACHE_KWARG, INPUTS_KWARG):  # passed on by an enclosing module that has a layer_idx
-            kwargs.pop(name, None)
-        extra = {CACHE_KWARG: past_key_values}
-        if getattr(past_key_values, "wants_layer_inputs", False):
-            extra[INPUTS_KWARG] = dict(kwargs)
-        return forward(*args, past_key_values=past_key_values, **extra, **kwargs)
+    def forward_with_cache(*args, **kwargs):
+        for extra_name in (CACHE_KWARG, INPUTS_KWARG):  # passed on by an enclosing module with a layer_idx
+            kwargs.pop(extra_name, None)
+        if place is not None and len(args) > place:
+            cache = args[place]
+        else:
+            cache = next((kwargs[key] for key in names if kwargs.get(key) is not None), None)
+        extra = {CACHE_KWARG: cache}
+        if getattr(cache, "wants_layer_inputs", False):
+            extra[INPUTS_KWARG] = {key: value for key, value in kwargs.items() if key not in names}
+        return forward(*args, **extra, **kwargs)
 
     setattr(forward_with_cache, CACHE_KWARG, True)
     return forward_with_cache
@@ -197,12 +238,27 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
         vars(module)[ROTARY_MODULE] = rotary  # a plain reference, not a registered submodule
         vars(module)[BASE_ATTENTION] = _eager_attention(model, module) if eager else sdpa_attention_forward
         if not getattr(module.forward, CACHE_KWARG, False):
-            module.forward = _passing_the_cache(module.forward)
+            module.forward = _passing_the_cache(module.forward, *cache_names(module))
+    if not getattr(model, IN_LOOP_HOOK, False):
+        model.register_forward_hook(_check_engine_in_loop, with_kwargs=True)
+        vars(model)[IN_LOOP_HOOK] = True
     name = EAGER_ATTENTION_NAME if eager else ATTENTION_NAME
     AttentionInterface.register(name, snapeval_attention)
     AttentionMaskInterface.register(name, eager_mask if eager else sdpa_mask)
     model.set_attn_implementation(name)
     return model
+
+
+def _check_engine_in_loop(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+    """After an installed model's forward: every snapeval cache it was given saw its last layer attended
+    (the layers before it are checked as the next one takes its keys). A compiled step is checked by
+    its caller (:meth:`~snapeval.cache.slots.SlotCache.check_step_attended`)."""
+    if torch.compiler.is_compiling():
+        return
+    for value in (*args, *kwargs.values()):
+        check = getattr(value, "check_engine_in_loop", None)
+        if callable(check) and not isinstance(value, torch.Tensor):
+            check()
 
 
 def _eager_attention(model: PreTrainedModel, module: torch.nn.Module) -> Callable:

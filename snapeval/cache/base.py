@@ -22,6 +22,7 @@ from snapeval.cache.layer import KVLayer, Selection
 from snapeval.cache.mla import is_latent, latent_keys, latent_queries
 from snapeval.cache.ring import EMPTY
 from snapeval.configs.methods import method_params, parameter_names, stored_params
+from snapeval.couplings import engine_bypassed
 from snapeval.errors import SnapevalError
 
 LAYER_WINDOW = "snapeval_sliding_window"  # an attention module's sliding window, as its prefill passed it
@@ -107,6 +108,8 @@ class SnapevalCache(Cache):
     is its own, never shared with other settings."""
     owns_decode_mask = True
     """The snapeval attention asks the cache for its decode masks (:meth:`attention_mask`)."""
+    unattended: int | None = None
+    """The layer whose keys this cache took last and whose attention has not yet taken the cache."""
 
     def __init__(self, **params: Any) -> None:
         unknown = sorted(set(params) - set(self.parameter_names()))
@@ -116,6 +119,26 @@ class SnapevalCache(Cache):
         super().__init__(layer_class_to_replicate=KVLayer)
         for name in self.parameter_names():
             setattr(self, name, getattr(made, name))
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """transformers' cache hook, called right before a layer's attention: the layer before this one must
+        have been attended by the snapeval attention (:meth:`check_engine_in_loop`)."""
+        self.check_engine_in_loop()
+        if not torch.compiler.is_compiling():
+            self.unattended = layer_idx
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def note_attended(self, layer_idx: int) -> None:
+        """The snapeval attention took this cache for ``layer_idx`` (at prefill or decode)."""
+        if self.unattended == layer_idx:
+            self.unattended = None
+
+    def check_engine_in_loop(self) -> None:
+        """Raise, in one line, if a layer took keys that the snapeval attention never saw: a compressing
+        method bypassed would hold the full cache under its name. Checked before every layer's keys and
+        after every forward call of an installed model."""
+        if self.unattended is not None and not torch.compiler.is_compiling():
+            raise engine_bypassed(self.unattended)
 
     @abstractmethod
     def select(self, prompt: LayerPrompt) -> Selection:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from snapeval.cache.attention import ROPE_ROTATION
+from snapeval.cache.attention import ROPE_ROTATION, cache_keyword
 from snapeval.cache.base import EMPTY, SnapevalCache, histogram_of_kept, stacked
 from snapeval.cache.ring import (
     RowRings,
@@ -42,6 +42,7 @@ from snapeval.cache.ring import (
 )
 from snapeval.cache.rope import KeyRotation
 from snapeval.cache.row_eviction import StepRecorder
+from snapeval.couplings import engine_bypassed
 from snapeval.errors import SnapevalError
 
 
@@ -91,6 +92,7 @@ class SlotCache:
         self.rotations = rotations or [None] * layers  # per layer: how to re-rotate keys, or why not
         self.any_rerotate = False  # a Python flag: the rotation is traced only when a row needs it
         self.recorder = StepRecorder(rows, self.windows, modules or {}, device)  # for decode-time eviction
+        self.attended = torch.zeros(layers, dtype=torch.bool, device=device)  # this step's, per layer
 
     @classmethod
     def for_model(
@@ -105,19 +107,8 @@ class SlotCache:
         rotations = [getattr(attentions.get(index), ROPE_ROTATION, None) for index in range(len(attentions))]
         windows = [layer_window(attentions.get(index)) for index in range(len(attentions))]
         layers, kv_heads, key_dim, value_dim, dtype = shapes or cached_shapes(model)
-        return cls(
-            rows,
-            capacity,
-            layers,
-            kv_heads,
-            key_dim,
-            value_dim,
-            dtype,
-            model.device,
-            rotations,
-            windows,
-            attentions,
-        )
+        shape = (layers, kv_heads, key_dim, value_dim, dtype, model.device)
+        return cls(rows, capacity, *shape, rotations, windows, attentions)
 
     @property
     def valid(self) -> torch.Tensor:
@@ -168,6 +159,7 @@ class SlotCache:
             *cursors,
             self.seen,
             self.rerotate,
+            self.attended,
             *self.recorder.tensors(),
         ]
 
@@ -225,6 +217,7 @@ class SlotCache:
         """Choose each row's slot for the token about to be fed and mark it valid."""
         for rings in self.rings.values():
             rings.begin_step()
+        self.attended.zero_()
 
     def admit(self, cache: SnapevalCache, prompt_length: int = 0) -> None:
         """Prepare the step for rows loaded from ``cache`` (after a prompt of ``prompt_length``): one that
@@ -247,6 +240,15 @@ class SlotCache:
 
     owns_decode_mask = True
     """The snapeval attention asks the cache for its decode masks (:meth:`attention_mask`)."""
+
+    def note_attended(self, layer_idx: int) -> None:
+        """The snapeval attention took the cache for ``layer_idx`` (a tensor write: compiled steps too)."""
+        self.attended[layer_idx] = True
+
+    def check_step_attended(self) -> None:
+        """After a step: raise if a layer's attention did not take the cache (the engine was bypassed)."""
+        if not bool(self.attended.all()):
+            raise engine_bypassed(int((~self.attended).nonzero()[0, 0]))
 
     def attention_mask(
         self, layer_idx: int, query_length: int, num_heads: int, window: int | None = None
@@ -333,7 +335,8 @@ def cached_shapes(model: torch.nn.Module) -> tuple[int, int, int, int, torch.dty
     tensors it hands a cache in a one-token forward: (layers, num_key_value_heads, head_dim, head_dim) for
     most models; for MLA one head, ``kv_lora_rank`` wide keys and ``qk_rope_head_dim`` wide values."""
     probe = DynamicCache()
-    model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=model.device), past_key_values=probe)
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+    model(input_ids=ids, **{cache_keyword(model): probe})
     keys, values = probe.layers[0].keys, probe.layers[0].values
     if any(layer.keys.shape != keys.shape or layer.values.shape != values.shape for layer in probe.layers):
         raise SnapevalError("a slot cache needs a model whose layers all cache alike", "model")

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from snapeval.cache.attention import cache_keyword
 from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
 from snapeval.cache.scoring import prompt_window_attention
 from snapeval.configs.cache import SELF_DRAFT, SpeculativePrefill
@@ -122,7 +123,8 @@ def draft_importance(draft: Draft, prompt_ids: list[int], window: int, kernel: i
         ids = own["input_ids"]
     recorder = _ImportanceRecorder(window)
     device = draft.model.device
-    draft.model(input_ids=torch.tensor([ids], device=device), past_key_values=recorder, logits_to_keep=1)
+    ids_tensor = torch.tensor([ids], device=device)
+    draft.model(input_ids=ids_tensor, logits_to_keep=1, **{cache_keyword(draft.model): recorder})
     scores = torch.stack(recorder.importance).mean(dim=0).float().cpu()
     scores = F.avg_pool1d(scores[None], kernel, stride=1, padding=kernel // 2)[0]
     if draft.tokenizer is not None:

@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 
 from snapeval.batch_rows import check_rows_fit
 from snapeval.cache import build_cache
+from snapeval.cache.attention import cache_keyword
 from snapeval.cache.slots import SlotCache, cached_shapes
 from snapeval.continuous.compiled import compile_step, compiles, pin_for_cuda_graphs
 from snapeval.continuous.prefills import Prefill, fill
@@ -41,6 +42,7 @@ class ContinuousBatcher:
         self.model, self.rows, self.refill = model, rows, refill
         self.compiled = compiles(compile, model.device)
         self.slots: SlotCache | None = None
+        self.cache_keyword = cache_keyword(model)
         self.steps = 0  # decode steps run, and their wall seconds (all runs of this batcher)
         self.step_seconds = 0.0
 
@@ -51,8 +53,8 @@ class ContinuousBatcher:
             input_ids=tokens[:, None],
             position_ids=slots.seen[:, None],
             attention_mask=slots.mask(),
-            past_key_values=slots,
             use_cache=True,
+            **{self.cache_keyword: slots},
         ).logits[:, -1]
         slots.end_step()
         rows.counter.add_(1)
@@ -168,7 +170,8 @@ class _Run:
         """One decode step for every row; its wall time is split among the ``active`` rows."""
         start = time.perf_counter()
         self.tokens = self.step(self.batcher.slots, self.tokens, self.sampling).clone()
-        drawn = self.tokens.tolist()  # the step's one host synchronisation
+        drawn = self.tokens.tolist()  # the step's host synchronisation
+        self.batcher.slots.check_step_attended()  # (and a second one, once the device is idle)
         elapsed = time.perf_counter() - start
         self.batcher.steps += 1
         self.batcher.step_seconds += elapsed

@@ -1,0 +1,141 @@
+"""Every place snapeval leans on another library's internals, and the versions each was tested on.
+
+The engine rides on conventions of transformers that no API promises: the keyword that carries the cache
+into an attention module, ``Cache.update`` running before the attention call, the attention and mask
+interfaces, SDPA's own attention function. lm-eval is driven through its registry and its model base
+class, kvpress through a private helper of its decoding press. Each coupling is listed here once, with
+what uses it; :func:`check` imports each and names, in one line, the one that moved. The supported ranges
+are pinned in ``pyproject.toml`` and tested at both ends by ``.ci/run`` (``scripts/test-transformers``
+runs the same tests against any newer release). Standard library only: importing this loads nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib import metadata
+
+from snapeval.errors import SnapevalError
+
+TESTED = {  # distribution -> (lowest, highest) version the suite passed on; pyproject pins these ends
+    "transformers": ("5.2.0", "5.24.0"),
+    "lm_eval": ("0.4.9", "0.4.13"),
+    "kvpress": ("0.5.5", "0.5.5"),
+}
+
+CACHE_PARAMETERS = ("cache", "past_key_values")
+"""The names under which transformers hands a cache to a model and its attention modules: ``cache`` from
+5.24 on, ``past_key_values`` before (a deprecated alias from 5.24, to go in 5.40)."""
+
+
+@dataclass(frozen=True)
+class Coupling:
+    """One symbol of another library that snapeval uses: ``module``.``symbol`` (an attribute path)."""
+
+    package: str
+    module: str
+    symbol: str
+    use: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.symbol}"
+
+
+COUPLINGS = (
+    Coupling("transformers", "transformers", "AttentionInterface", "registers the snapeval attention"),
+    Coupling("transformers", "transformers.masking_utils", "AttentionMaskInterface", "its mask function"),
+    Coupling("transformers", "transformers.masking_utils", "sdpa_mask", "prefill masks (SDPA base)"),
+    Coupling("transformers", "transformers.masking_utils", "eager_mask", "prefill masks (eager base)"),
+    Coupling(
+        "transformers",
+        "transformers.integrations.sdpa_attention",
+        "sdpa_attention_forward",
+        "the base attention the snapeval attention calls",
+    ),
+    Coupling("transformers", "transformers.cache_utils", "Cache", "base of every snapeval cache"),
+    Coupling("transformers", "transformers.cache_utils", "CacheLayerMixin", "base of a cache layer"),
+    Coupling("transformers", "transformers", "DynamicCache", "probes what a model caches per token"),
+    Coupling(
+        "transformers",
+        "transformers.models.auto.modeling_auto",
+        "MODEL_FOR_CAUSAL_LM_MAPPING",
+        "which families load as causal LMs",
+    ),
+    Coupling(
+        "transformers",
+        "transformers",
+        "PreTrainedModel.set_attn_implementation",
+        "switches a model to the snapeval attention",
+    ),
+    Coupling("lm_eval", "lm_eval.api.model", "LM", "base of the lm-eval model"),
+    Coupling("lm_eval", "lm_eval.api.registry", "register_model", "registers the lm-eval model"),
+    Coupling("lm_eval", "lm_eval.api.registry", "model_registry", "lazy registration by the .pth plugin"),
+    Coupling("lm_eval", "lm_eval.models", "__name__", "the module whose import the .pth plugin watches"),
+    Coupling("kvpress", "kvpress", "DecodingPress", "kvpress's decoding presses (cache.decoding=true)"),
+    Coupling("kvpress", "kvpress", "ScorerPress", "the presses a decoding press takes"),
+    Coupling("kvpress", "kvpress.utils", "compute_n_kept", "slots a decoding press keeps"),
+    Coupling(
+        "kvpress",
+        "kvpress",
+        "DecodingPress._find_target_compression_ratio",
+        "the ratio a decoding press compresses to (private)",
+    ),
+)
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of distribution ``package`` (``lm_eval`` or ``lm-eval``), or None."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def transformers_version() -> str:
+    return installed_version("transformers") or "(not installed)"
+
+
+def supported_range(package: str = "transformers") -> str:
+    """``supported: 5.2.0-5.24.0`` for ``package``."""
+    low, high = TESTED[package]
+    return f"supported: {low}-{high}"
+
+
+def engine_bypassed(layer_idx: int) -> SnapevalError:
+    """The error of a cache whose layer ``layer_idx`` received keys that the snapeval attention never
+    took: transformers (or a model not prepared with ``snapeval.cache.install``) went around the engine."""
+    return SnapevalError(
+        f"transformers {transformers_version()} called layer {layer_idx}'s attention without the snapeval "
+        f"cache: the engine was bypassed (a model not prepared by snapeval.cache.install, or a transformers "
+        f"outside the tested range); {supported_range()}"
+    )
+
+
+def resolve(coupling: Coupling) -> object:
+    """The object ``coupling`` names; a :class:`SnapevalError` naming it, the installed version and the
+    tested range if it is gone."""
+    try:
+        found: object = importlib.import_module(coupling.module)
+        for part in coupling.symbol.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as error:
+        version = installed_version(coupling.package) or "(not installed)"
+        raise SnapevalError(
+            f"{coupling.package} {version} has no {coupling.name}, which snapeval uses ({coupling.use}): "
+            f"{type(error).__name__}: {error}; {supported_range(coupling.package)}",
+            coupling.package,
+        ) from None
+    return found
+
+
+def check(package: str | None = None) -> list[Coupling]:
+    """Resolve every coupling (of ``package`` only, if given) whose package is installed; the couplings
+    checked. Raises on the first that moved."""
+    checked = []
+    for coupling in COUPLINGS:
+        if package not in (None, coupling.package) or installed_version(coupling.package) is None:
+            continue
+        resolve(coupling)
+        checked.append(coupling)
+    return checked

@@ -1,0 +1,69 @@
+"""Every symbol of transformers, lm-eval and kvpress that snapeval leans on (snapeval/couplings.py) still
+exists in the installed versions, which are inside the tested range that pyproject.toml pins; a symbol
+that moved is named in one line with the installed version and the range."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from snapeval import couplings
+from snapeval.couplings import COUPLINGS, TESTED, Coupling, installed_version, resolve
+from snapeval.errors import SnapevalError
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+@pytest.mark.parametrize("coupling", COUPLINGS, ids=lambda coupling: coupling.name)
+def test_each_coupling_resolves_in_the_installed_version(coupling: Coupling):
+    if installed_version(coupling.package) is None:
+        pytest.skip(f"{coupling.package} is not installed")
+    assert resolve(coupling) is not None
+
+
+def test_a_symbol_that_moved_is_named_in_one_line_with_the_version_and_the_range(monkeypatch):
+    moved = Coupling("transformers", "transformers.masking_utils", "sdpa_mask_moved", "prefill masks")
+    with pytest.raises(SnapevalError) as refused:
+        resolve(moved)
+    message = str(refused.value)
+    version = installed_version("transformers")
+    assert message.startswith(
+        f"transformers: transformers {version} has no transformers.masking_utils.sdpa_mask"
+    )
+    assert message.endswith(f"supported: {TESTED['transformers'][0]}-{TESTED['transformers'][1]}")
+    assert "\n" not in message
+    monkeypatch.setattr(couplings, "COUPLINGS", (*COUPLINGS, moved))
+    with pytest.raises(SnapevalError, match="sdpa_mask_moved"):
+        couplings.check("transformers")
+
+
+def pinned() -> dict[str, Requirement]:
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    listed = project["dependencies"] + [
+        r for extra in project["optional-dependencies"].values() for r in extra
+    ]
+    requirements = [Requirement(line) for line in listed]
+    return {re.sub(r"[-_.]+", "_", r.name): r for r in requirements}
+
+
+@pytest.mark.parametrize("package", sorted(TESTED))
+def test_pyproject_pins_exactly_the_tested_range(package):
+    """Both ends of every coupled package's range were run; raising a ceiling is a deliberate change."""
+    low, high = TESTED[package]
+    specifier = pinned()[package].specifier
+    expected = {f"=={low}"} if low == high else {f">={low}", f"<={high}"}
+    assert {str(s) for s in specifier} == expected
+
+
+@pytest.mark.parametrize("package", sorted(TESTED))
+def test_the_installed_version_is_inside_the_tested_range(package):
+    version = installed_version(package)
+    if version is None:
+        pytest.skip(f"{package} is not installed")
+    low, high = TESTED[package]
+    assert Version(low) <= Version(version) <= Version(high), f"{package} {version}: tested {low}-{high}"
