@@ -19,9 +19,13 @@ from snapeval.errors import SnapevalError
 
 TESTED = {  # distribution -> (lowest, highest) version the suite passed on; pyproject pins these ends
     "transformers": ("5.2.0", "5.24.0"),
-    "lm_eval": ("0.4.9", "0.4.13"),
+    "lm_eval": ("0.4.10", "0.4.13"),
     "kvpress": ("0.5.5", "0.5.5"),
 }
+
+MLA_LATENT_CACHE = "5.15.0"
+"""The first transformers whose MLA attention (DeepSeek-V3 and its kin) hands the cache its latent and
+rotary key, which the engine selects from; before it the cache took per-head keys and values."""
 
 CACHE_PARAMETERS = ("cache", "past_key_values")
 """The names under which transformers hands a cache to a model and its attention modules: ``cache`` from
@@ -112,6 +116,14 @@ def engine_bypassed(layer_idx: int) -> SnapevalError:
     )
 
 
+def at_least(version: str, package: str = "transformers") -> bool:
+    """Whether the installed ``package`` is ``version`` or newer."""
+    from packaging.version import Version  # a dependency of transformers; only needed here
+
+    installed = installed_version(package)
+    return installed is not None and Version(installed) >= Version(version)
+
+
 def resolve(coupling: Coupling) -> object:
     """The object ``coupling`` names; a :class:`SnapevalError` naming it, the installed version and the
     tested range if it is gone."""
@@ -139,3 +151,37 @@ def check(package: str | None = None) -> list[Coupling]:
         resolve(coupling)
         checked.append(coupling)
     return checked
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m snapeval.couplings [--expect floor|ceiling]``: each coupled package's installed and
+    tested versions and whether its couplings resolve; exit 1 if one moved, a version is outside its
+    tested range, or (``--expect``) transformers is not exactly that end of it."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m snapeval.couplings", description=main.__doc__)
+    parser.add_argument("--expect", choices=("floor", "ceiling"), help="transformers must be this end")
+    args = parser.parse_args(argv)
+    from packaging.version import Version
+
+    failed = False
+    for package, (low, high) in TESTED.items():
+        version = installed_version(package)
+        inside = version is not None and Version(low) <= Version(version) <= Version(high)
+        try:
+            status = f"{len(check(package))} couplings resolve" if version else "not installed"
+        except SnapevalError as error:
+            status, failed = str(error), True
+        failed |= version is not None and not inside
+        range_note = "" if inside or version is None else " (OUTSIDE the tested range)"
+        print(f"{package} {version or '-'}{range_note}: tested {low}-{high}; {status}")
+    if args.expect:
+        wanted = TESTED["transformers"][0 if args.expect == "floor" else 1]
+        if transformers_version() != wanted:
+            print(f"transformers {transformers_version()} is not the {args.expect} {wanted}")
+            failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -149,9 +149,11 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
 
 def base_attention(config: PretrainedConfig) -> str:
     """The attention a family runs under the engine: SDPA, or eager for a family whose attention SDPA
-    cannot express (Gemma 2's logit softcap, GPT-OSS's sinks: transformers marks them so)."""
+    cannot express (GPT-OSS's sinks, Gemma 2's logit softcap: transformers marks them so, and before
+    5.3 did not mark Gemma 2, whose softcap a config states)."""
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
-    return "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
+    softcap = getattr(config, "attn_logit_softcapping", None) is not None
+    return "sdpa" if getattr(model_class, "_supports_sdpa", True) and not softcap else "eager"
 
 
 @functools.lru_cache(maxsize=2)

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from snapeval.paths import CONF_DIR
+from tests.families import FAMILIES
 
-from .conftest import composed_sweep
+from .conftest import TINY_VOCAB, composed_sweep
 
 README = CONF_DIR.parent / "README.md"
 COMMAND = re.compile(r"^(?:\w+=\S+ )*python -m snapeval (.+?)(?:\s+#.*)?$", re.MULTILINE)
@@ -198,3 +199,21 @@ def test_the_readme_traces_exactly_what_the_sweep_executes_less_the_named_helper
 
 def test_the_readme_names_every_helper_the_trace_leaves_out():
     assert readme_helpers() >= set(LEAF_HELPERS), sorted(set(LEAF_HELPERS) - readme_helpers())
+
+
+def test_the_readme_engine_example_runs_and_a_cache_holding_the_prompt_equals_plain_generate(tiny_llama):
+    """The Python block under "The cache engine", run as written on a tiny Llama: ``SnapStreamCache(budget=
+    1024)`` holds a 40-token prompt whole, so its tokens are plain transformers' (on every supported
+    transformers: ``.ci/run`` runs this at both ends of the range)."""
+    import torch
+
+    section = README.read_text().split("## The cache engine", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    model, reference = FAMILIES["llama"](TINY_VOCAB), FAMILIES["llama"](TINY_VOCAB)
+    model.generation_config.eos_token_id = reference.generation_config.eos_token_id = None
+    input_ids = torch.arange(3, 43)[None]
+    namespace = {"model": model, "input_ids": input_ids}
+    exec(code.replace("max_new_tokens=256", "max_new_tokens=12"), namespace)
+    expected = reference.generate(input_ids, max_new_tokens=12, do_sample=False)
+    assert namespace["out"].shape == (1, 52)
+    assert torch.equal(namespace["out"], expected)

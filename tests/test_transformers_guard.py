@@ -21,7 +21,7 @@ from snapeval.couplings import CACHE_PARAMETERS, transformers_version
 from snapeval.errors import SnapevalError
 from snapeval.generation import generate
 from tests.bypass import hide_the_cache
-from tests.families import FAMILIES, SMOLLM2_VOCAB
+from tests.families import FAMILIES, SMOLLM2_VOCAB, deepseek_v3_model
 
 from .conftest import TINY_VOCAB
 
@@ -233,3 +233,18 @@ def test_the_lm_eval_cli_exits_2_in_one_line(tiny_llama_folder, tmp_path):
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert BYPASSED in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("latent_cache", [True, False])
+def test_mla_is_refused_in_one_line_where_transformers_caches_it_per_head(monkeypatch, latent_cache):
+    monkeypatch.setattr(attention, "at_least", lambda version: latent_cache)
+    model = deepseek_v3_model(TINY_VOCAB)
+    if latent_cache:
+        install(model)
+        return
+    with pytest.raises(SnapevalError) as refused:
+        install(model)
+    assert str(refused.value) == (
+        f"model: deepseek_v3: MLA needs transformers >= 5.15.0, which caches its latent "
+        f"(installed: {transformers_version()})"
+    )

@@ -40,7 +40,13 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 from snapeval.cache.base import LAYER_WINDOW, SnapevalCache
 from snapeval.cache.mla import is_latent
 from snapeval.cache.rope import key_rotation
-from snapeval.couplings import CACHE_PARAMETERS, supported_range, transformers_version
+from snapeval.couplings import (
+    CACHE_PARAMETERS,
+    MLA_LATENT_CACHE,
+    at_least,
+    supported_range,
+    transformers_version,
+)
 from snapeval.errors import SnapevalError
 
 ATTENTION_NAME = "snapeval"
@@ -220,11 +226,17 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
             "model",
         )
     check_model_config(model.config)
+    attention_modules = [module for module in model.modules() if hasattr(module, "layer_idx")]
+    if any(is_latent(module) for module in attention_modules) and not at_least(MLA_LATENT_CACHE):
+        raise SnapevalError(
+            f"{model.config.model_type}: MLA needs transformers >= {MLA_LATENT_CACHE}, which caches its "
+            f"latent (installed: {transformers_version()})",
+            "model",
+        )
     inv_freq = _rope_inv_freq(model)
     rotary = getattr(model.get_decoder(), "rotary_emb", None)
     implementation = model.config._attn_implementation
     eager = implementation in ("eager", EAGER_ATTENTION_NAME)
-    attention_modules = [module for module in model.modules() if hasattr(module, "layer_idx")]
     rotations = {}  # per layer type: Gemma 3's local and global layers turn keys by their own bases
     for module in attention_modules:
         if hasattr(module, "head_dim") or is_latent(module):
