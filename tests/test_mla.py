@@ -29,12 +29,19 @@ from snapeval.cache.grid import CacheGrid
 from snapeval.cache.scoring import prompt_window_attention
 from snapeval.cache.slots import SlotCache
 from snapeval.continuous import ContinuousBatcher, Request
+from snapeval.couplings import MLA_LATENT_CACHE, at_least
 from snapeval.errors import SnapevalError
 from snapeval.generation import generate, prefill_logits
 from snapeval.results import ResultsDB
 
 from .conftest import compose_config
 from .families import save_family
+
+LATENT_CACHE = pytest.mark.skipif(
+    not at_least(MLA_LATENT_CACHE),
+    reason=f"transformers < {MLA_LATENT_CACHE} caches MLA per head; the engine refuses it there "
+    "(tests/test_transformers_guard.py)",
+)
 
 TOLERANCE = 1e-5
 VOCAB = 256
@@ -49,7 +56,7 @@ EVICTING = [
 ]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), LATENT_CACHE]  # tests/conftest.py
 
 
 def mla_config(**changes) -> DeepseekV3Config:
