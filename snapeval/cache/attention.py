@@ -38,6 +38,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from snapeval.cache.base import LAYER_WINDOW, SnapevalCache
+from snapeval.cache.decode_attention import grouped_decode_attention
 from snapeval.cache.mla import is_latent
 from snapeval.cache.rope import key_rotation
 from snapeval.couplings import (
@@ -103,9 +104,19 @@ def snapeval_attention(
         mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
             ~mask, torch.finfo(query.dtype).min
         )
-    output = base(module, query, key, value, mask, **kwargs)
+    if base is sdpa_attention_forward and _one_token_sdpa(query, kwargs):
+        output = grouped_decode_attention(query, key, value, mask, kwargs.get("scaling")), None
+    else:
+        output = base(module, query, key, value, mask, **kwargs)
     cache.record(layer_idx, query, module, inputs)  # a cache that evicts while decoding notes the step
     return output
+
+
+def _one_token_sdpa(query: torch.Tensor, kwargs: dict[str, Any]) -> bool:
+    """Whether a decode call is plain SDPA over one query token per row (no dropout, no position bias),
+    which :func:`grouped_decode_attention` computes without copying keys to every query head."""
+    plain = not kwargs.get("dropout") and kwargs.get("position_bias") is None
+    return plain and query.shape[2] == 1
 
 
 def _valid_columns(attention_mask: torch.Tensor | None, key: torch.Tensor) -> torch.Tensor:
