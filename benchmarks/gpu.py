@@ -1,0 +1,275 @@
+"""Prefill and decode of the engine at Llama-3.1-8B shape on a GPU, against plain transformers and the
+memory floor; on a CPU, the same measurements at stand-in sizes (``--smoke``, which CI runs).
+
+Random weights (no download), built on the device in bfloat16 (CPU: float32). Through the package's own
+API (``install``, ``build_cache``, ``ContinuousBatcher``, ``prefill_logits``), it prints:
+
+* prefill: seconds and peak device memory of one prompt per context, plain transformers (a
+  ``DynamicCache``) vs the engine's full cache vs SnapStream;
+* decode: ms per step and tokens/s of the full cache vs SnapStream rows at equal KV memory (SnapStream
+  gets ``rows x context / budget`` rows), eager and compiled (on CUDA a CUDA graph), with the warm-up
+  seconds (compile included), the bytes a step must read (the weights once, every held K/V byte once),
+  the floor those take at the measured copy bandwidth, and the step's ratio to that floor;
+* exactness on a small float32 model on the same device: full cache == plain transformers, SnapStream
+  at a budget holding the prompt == full, batched rows == each alone, compiled == eager, and the decode
+  attention's bits the same on re-run and whatever the other rows hold.
+
+    python benchmarks/gpu.py --smoke                                # CPU stand-in, ~1 min (CI)
+    python benchmarks/gpu.py                                        # CUDA: 8k and 32k, 8B shape
+    python benchmarks/gpu.py --contexts 8192 --compile off          # quicker
+
+The GPU machines lent here have torch and transformers but not hydra/omegaconf, which snapeval's
+parameter declarations import: carry them, ``pip install --no-deps --target .gpu-deps hydra-core
+omegaconf antlr4-python3-runtime==4.9.3``, then ``PYTHONPATH=.gpu-deps python benchmarks/gpu.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+import transformers
+from tabulate import tabulate
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from snapeval.cache import build_cache, install
+from snapeval.cache.attention import cache_keyword
+from snapeval.cache.decode_attention import grouped_decode_attention
+from snapeval.continuous import ContinuousBatcher, Request
+from snapeval.generation import generate, prefill_logits
+
+LLAMA_8B = {  # Llama-3.1-8B's geometry
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+}
+STAND_IN = {**LLAMA_8B, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2}
+STAND_IN.update(num_attention_heads=8, num_key_value_heads=2, vocab_size=2048, max_position_embeddings=8192)
+SMALL = {**STAND_IN, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4}
+
+
+def build(shape: dict, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """A random-weight Llama of ``shape``, built on ``device`` in ``dtype``, with the engine installed."""
+    torch.manual_seed(0)
+    config = LlamaConfig(**shape, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config).eval()
+    finally:
+        torch.set_default_dtype(previous)
+    model.generation_config.eos_token_id = None
+    return install(model)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_gib(device: torch.device) -> str:
+    return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f}" if device.type == "cuda" else "-"
+
+
+def prompt_ids(length: int, vocab: int) -> list[int]:
+    generator = torch.Generator().manual_seed(length)
+    return torch.randint(10, vocab - 1, (length,), generator=generator).tolist()
+
+
+@torch.inference_mode()
+def prefill_rows(model, contexts: list[int], budget_of: dict[int, int]) -> list[list]:
+    """Seconds and peak memory of one prefill per context: plain transformers, full, SnapStream."""
+    device, rows = model.device, []
+    for context in contexts:
+        ids = prompt_ids(context, model.config.vocab_size)
+        for name, make in [
+            ("plain transformers", DynamicCache),
+            ("full", lambda: build_cache({"method": "full"})),
+            (f"snapstream {budget_of[context]}", lambda c=context: build_cache(snapstream(budget_of[c]))),
+        ]:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            synchronize(device)
+            start = time.perf_counter()
+            if name == "plain transformers":
+                model(
+                    input_ids=torch.tensor([ids], device=device),
+                    logits_to_keep=1,
+                    **{cache_keyword(model): make()},
+                )
+            else:
+                prefill_logits(model, ids, make())
+            synchronize(device)
+            rows.append([context, name, f"{time.perf_counter() - start:.3f}", peak_gib(device)])
+    return rows
+
+
+def snapstream(budget: int) -> dict:
+    return {"method": "snapstream", "budget": budget, "window": 32, "ring": min(64, budget // 4)}
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second a large device-to-device copy moves (read + written), the best of five: the rate
+    at which a step can read what it must."""
+    source = torch.empty(2**28 if device.type == "cuda" else 2**24, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(5):
+        synchronize(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.numel() / best
+
+
+@torch.inference_mode()
+def decode_row(model, context: int, cache: dict, rows: int, steps: int, compile_mode: str, bandwidth: float):
+    """One decode measurement: ``rows`` rows of ``cache`` after a ``context``-token prompt."""
+    ids = tuple(prompt_ids(context, model.config.vocab_size))
+    requests = [Request(ids, cache, steps, tag=row) for row in range(rows)]  # one shared prefill
+    batcher = ContinuousBatcher(model, rows, compile_mode)
+    batcher.reserve(requests)
+    start = time.perf_counter()
+    batcher.run([Request(ids, cache, 3, tag="warm-up")], lambda answer: None)
+    warm = time.perf_counter() - start
+    batcher.steps, batcher.step_seconds = 0, 0.0
+    answers = []
+    batcher.run(requests, answers.append)
+    ms = 1000 * batcher.step_seconds / batcher.steps
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv = sum(answer.kv_bytes for answer in answers)
+    floor_ms = 1000 * (weights + kv) / bandwidth
+    return [
+        f"{kv / rows / 2**20:,.1f}",
+        rows,
+        compile_mode,
+        f"{warm:.1f}",
+        f"{ms:.2f}",
+        f"{1000 * rows / ms:,.0f}",
+        f"{floor_ms:.2f}",
+        f"{ms / floor_ms:.1f}x",
+    ]
+
+
+def decode_rows(model, args, budget_of: dict[int, int], bandwidth: float) -> list[list]:
+    rows = []
+    for context in args.contexts:
+        full_rows = args.full_rows
+        settings = [("full", {"method": "full"}, full_rows)]
+        budget = budget_of[context]
+        settings.append((f"snapstream {budget}", snapstream(budget), full_rows * context // budget))
+        for name, cache, count in settings:
+            for mode in args.compile_modes:
+                rows.append(
+                    [context, name, *decode_row(model, context, cache, count, args.steps, mode, bandwidth)]
+                )
+    return rows
+
+
+@torch.inference_mode()
+def exactness(device: torch.device, compile_modes: list[str]) -> list[list]:
+    """The engine's equalities on a small float32 model on ``device``: (check, result)."""
+    model = build(SMALL, torch.float32, device)
+    ids = prompt_ids(200, SMALL["vocab_size"])
+    plain = model.generate(torch.tensor([ids], device=device), max_new_tokens=16, do_sample=False)[0, 200:]
+    alone = {
+        name: generate(model, ids, build_cache(cache), 16, set()).tokens
+        for name, cache in [
+            ("full", {"method": "full"}),
+            ("holding", snapstream(512)),
+            ("small", snapstream(96)),
+        ]
+    }
+    results = [
+        ["full cache == plain transformers (16 greedy tokens)", alone["full"] == plain.tolist()],
+        ["SnapStream holding the prompt == full", alone["holding"] == alone["full"]],
+    ]
+    caches = {"full": {"method": "full"}, "holding": snapstream(512), "small": snapstream(96)}
+    for mode in compile_modes:
+        answers: list = []
+        requests = [Request(tuple(ids), cache, 16, tag=name) for name, cache in caches.items()]
+        ContinuousBatcher(model, 3, mode).run(requests, answers.append)
+        same = all(answer.tokens == alone[answer.request.tag] for answer in answers) and len(answers) == 3
+        results.append([f"batched rows == each alone (compile {mode})", same])
+    generator = torch.Generator(device=device).manual_seed(0)
+    query = torch.randn(4, 32, 1, 128, generator=generator, device=device, dtype=torch.bfloat16)
+    key, value = (
+        torch.randn(4, 8, 2048, 128, generator=generator, device=device, dtype=torch.bfloat16) for _ in "kv"
+    )
+    mask = torch.rand(4, 1, 1, 2048, generator=generator, device=device) < 0.9
+    first = grouped_decode_attention(query, key, value, mask, 128**-0.5)
+    rerun = all(
+        torch.equal(first, grouped_decode_attention(query, key, value, mask, 128**-0.5)) for _ in range(50)
+    )
+    results.append(["decode attention: same bits on 50 re-runs (bf16)", rerun])
+    others = [tensor.clone() for tensor in (query, key, value)]
+    for tensor in others:
+        tensor[1:].normal_()
+    alone_row = grouped_decode_attention(*others, mask, 128**-0.5)
+    results.append(
+        ["decode attention: a row's bits whatever the others hold", torch.equal(first[0], alone_row[0])]
+    )
+    return [[check, "PASS" if passed else "FAIL"] for check, passed in results]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--smoke", action="store_true", help="CPU stand-in sizes, compile off (CI)")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768])
+    parser.add_argument(
+        "--budgets", type=int, nargs="+", default=[1024, 4096], help="SnapStream's, per context"
+    )
+    parser.add_argument("--full-rows", type=int, default=4, help="full-cache rows (SnapStream: equal memory)")
+    parser.add_argument("--steps", type=int, default=64, help="decode steps timed per setting")
+    parser.add_argument("--compile", choices=["off", "on", "both"], help="default: both (smoke: off)")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    if args.smoke:
+        args.contexts, args.budgets, args.full_rows, args.steps = [512], [128], 2, 8
+    args.compile = args.compile or ("off" if args.smoke else "both")
+    args.compile_modes = ["off", "on"] if args.compile == "both" else [args.compile]
+    budget_of = dict(zip(args.contexts, args.budgets, strict=True))
+    transformers.utils.logging.disable_progress_bar()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
+    shape = LLAMA_8B if device.type == "cuda" else STAND_IN
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    versions = f"torch {torch.__version__}  transformers {transformers.__version__}"
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}  {name}  {versions}")
+    model = build(shape, dtype, device)
+    parameters = sum(p.numel() for p in model.parameters())
+    bandwidth = copy_bandwidth(device)
+    print(f"model: Llama {parameters / 1e6:,.1f} M parameters, {dtype}; copy {bandwidth / 1e9:.0f} GB/s\n")
+    print(
+        tabulate(
+            prefill_rows(model, args.contexts, budget_of), headers=["context", "prefill", "s", "peak GiB"]
+        )
+    )
+    headers = ["context", "decode", "KV MiB/row", "rows", "compile", "warm-up s", "ms/step", "tokens/s"]
+    print()
+    print(
+        tabulate(decode_rows(model, args, budget_of, bandwidth), headers=[*headers, "floor ms", "vs floor"])
+    )
+    del model
+    print()
+    print(
+        tabulate(
+            exactness(device, sorted({"off", *args.compile_modes})),
+            headers=["exactness (small float32 model)", ""],
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
