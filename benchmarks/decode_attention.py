@@ -7,7 +7,10 @@ which slots each row holds (the engine always passes one at decode), it times, i
   path with a mask under ``torch.compile``, and eager before it packed GQA);
 * ``enable_gqa``: SDPA's own GQA flag with the mask;
 * ``grouped``: :func:`snapeval.cache.decode_attention.grouped_decode_attention` (each KV head's query heads
-  stacked as its query rows: every held byte read once).
+  stacked as its query rows: every held byte read once);
+
+and, for MLA at DeepSeek-V2-Lite's geometry, the model's ``expand_kv`` of every held latent then SDPA vs
+:func:`snapeval.cache.mla.absorbed_decode_attention` (attention in latent space).
 
 Medians over ``--repeats`` rounds, each round running every variant in turn (every other round in
 reverse), printed as ms per call and as the ratio to ``repeat_kv``. Default shape: SmolLM2-135M's
@@ -74,6 +77,70 @@ def measure(args: argparse.Namespace, rows: int, slots: int) -> list[list]:
     ]
 
 
+V2_LITE = {  # DeepSeek-V2-Lite's attention geometry, 2 dense layers
+    "hidden_size": 2048,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 2,
+    "first_k_dense_replace": 2,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "q_lora_rank": None,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "vocab_size": 1024,
+}
+
+
+def measure_mla(args: argparse.Namespace, rows: int, slots: int) -> list[list]:
+    """MLA at decode: expanding every held latent to per-head keys and values (the model's expand_kv,
+    then SDPA with the mask) vs attending in latent space (:func:`absorbed_decode_attention`)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from snapeval.cache import attention, install
+    from snapeval.cache.mla import absorbed_decode_attention
+
+    torch.manual_seed(0)
+    model = install(DeepseekV3ForCausalLM(DeepseekV3Config(**V2_LITE)).eval())
+    module = model.model.layers[0].self_attn
+    expand, projections = vars(module)[attention.EXPAND_LATENT], vars(module)[attention.UP_PROJECTIONS]
+    heads, rank, rope = module.config.num_attention_heads, module.kv_lora_rank, module.qk_rope_head_dim
+    query = torch.randn(rows, heads, 1, module.qk_nope_head_dim + rope)
+    latent, rotary = torch.randn(rows, 1, slots, rank), torch.randn(rows, 1, slots, rope)
+    mask = torch.rand(rows, 1, 1, slots) < 0.9
+
+    def expanded():
+        keys, values = expand(latent, rotary)
+        output = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=module.scaling)
+        return output.transpose(1, 2)
+
+    def absorbed():
+        return absorbed_decode_attention(query, latent, rotary, mask, module.scaling, projections)
+
+    calls = {"expand_kv + SDPA": expanded, "absorbed": absorbed}
+    timings: dict[str, list[float]] = {name: [] for name in calls}
+    with torch.inference_mode():
+        torch.testing.assert_close(absorbed(), expanded(), atol=1e-4, rtol=1e-4)
+        for round_ in range(args.repeats):
+            for name in list(calls) if round_ % 2 == 0 else list(reversed(calls)):
+                start = time.perf_counter()
+                for _ in range(args.calls):
+                    calls[name]()
+                timings[name].append((time.perf_counter() - start) / args.calls * 1e3)
+    base = statistics.median(timings["expand_kv + SDPA"])
+    return [
+        [
+            rows,
+            slots,
+            f"MLA {name}",
+            f"{statistics.median(t):.3f}",
+            f"{base / statistics.median(t):.2f}x faster",
+        ]
+        for name, t in timings.items()
+    ]
+
+
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
@@ -98,6 +165,11 @@ def main() -> None:
     print(f"heads {args.heads}, KV heads {args.kv_heads}, head_dim {args.head_dim}, float32; ms per call")
     table = [line for rows in args.rows for slots in args.slots for line in measure(args, rows, slots)]
     print(tabulate(table, headers=["rows", "slots", "attention", "ms", "vs repeat_kv"]))
+    print(
+        "\nMLA, DeepSeek-V2-Lite geometry (16 heads, kv_lora_rank 512, rope 64, v 128), float32; ms per call"
+    )
+    table = [line for rows in args.rows for slots in args.slots for line in measure_mla(args, rows, slots)]
+    print(tabulate(table, headers=["rows", "slots", "attention", "ms", "vs expanding"]))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,13 @@ class Coupling:
     module: str
     symbol: str
     use: str
+    since: str = ""  # the first version of ``package`` where snapeval uses it ("": all tested)
+
+    def applies(self) -> bool:
+        """Whether the installed ``package`` is one snapeval uses this symbol of."""
+        return installed_version(self.package) is not None and (
+            not self.since or at_least(self.since, self.package)
+        )
 
     @property
     def name(self) -> str:
@@ -71,6 +78,13 @@ COUPLINGS = (
         "transformers",
         "PreTrainedModel.set_attn_implementation",
         "switches a model to the snapeval attention",
+    ),
+    Coupling(
+        "transformers",
+        "transformers.models.deepseek_v3.modeling_deepseek_v3",
+        "DeepseekV3Attention.expand_kv",
+        "MLA: expanded by the snapeval attention at prefill, absorbed at decode",
+        since=MLA_LATENT_CACHE,
     ),
     Coupling("lm_eval", "lm_eval.api.model", "LM", "base of the lm-eval model"),
     Coupling("lm_eval", "lm_eval.api.registry", "register_model", "registers the lm-eval model"),
@@ -146,7 +160,7 @@ def check(package: str | None = None) -> list[Coupling]:
     checked. Raises on the first that moved."""
     checked = []
     for coupling in COUPLINGS:
-        if package not in (None, coupling.package) or installed_version(coupling.package) is None:
+        if package not in (None, coupling.package) or not coupling.applies():
             continue
         resolve(coupling)
         checked.append(coupling)

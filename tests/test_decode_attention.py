@@ -86,3 +86,54 @@ def test_every_decode_step_of_the_batcher_goes_through_it(tiny_llama, monkeypatc
     layers = tiny_llama.config.num_hidden_layers
     assert len(calls) == 4 * layers  # the first token comes from prefill, then 4 steps
     assert all(shape == (2, tiny_llama.config.num_attention_heads, 1, 16) for shape in calls)
+
+
+@pytest.mark.parametrize("per_head", [False, True], ids=["row mask", "per-head mask"])
+def test_absorbed_mla_decode_equals_attention_over_the_expanded_keys_and_values(per_head):
+    """MLA at decode: attention in latent space (queries absorbed through the key half of kv_b_proj, the
+    output projected through the value half) equals attention over the per-head keys and values the
+    model's own expand_kv makes of the same held latent slots (DeepSeek-V3 geometry, float32)."""
+    from snapeval.cache import attention, install
+    from snapeval.cache.mla import absorbed_decode_attention
+    from tests.families import FAMILIES
+
+    model = install(FAMILIES["deepseek_v3"](512))
+    module = next(m for m in model.modules() if attention.EXPAND_LATENT in vars(m))
+    generator = torch.Generator().manual_seed(0)
+    heads, rank, rope = module.config.num_attention_heads, module.kv_lora_rank, module.qk_rope_head_dim
+    query = torch.randn(ROWS, heads, 1, module.qk_nope_head_dim + rope, generator=generator)
+    latent = torch.randn(ROWS, 1, SLOTS, rank, generator=generator)
+    rotary = torch.randn(ROWS, 1, SLOTS, rope, generator=generator)
+    mask = torch.rand(ROWS, heads if per_head else 1, 1, SLOTS, generator=generator) < 0.6
+    mask[..., 0] = True
+    projections = vars(module)[attention.UP_PROJECTIONS]
+    absorbed = absorbed_decode_attention(query, latent, rotary, mask, module.scaling, projections)
+    keys, values = vars(module)[attention.EXPAND_LATENT](latent, rotary)  # the model's own expansion
+    expanded = naive(query, keys, values, mask, module.scaling)
+    assert absorbed.shape == (ROWS, 1, heads, module.v_head_dim)
+    torch.testing.assert_close(absorbed.double(), expanded, atol=1e-5, rtol=1e-5)
+
+
+def test_an_mla_decode_step_never_expands_the_held_latent(monkeypatch):
+    """The batcher's MLA steps attend in latent space: the model's expand_kv runs at prefill only."""
+    from snapeval.cache import attention, install
+    from snapeval.continuous import ContinuousBatcher, Request
+    from tests.families import FAMILIES
+
+    model = install(FAMILIES["deepseek_v3"](512))
+    model.generation_config.eos_token_id = None
+    expanded = []
+    for module in model.modules():
+        if attention.EXPAND_LATENT in vars(module):
+            own = vars(module)[attention.EXPAND_LATENT]
+            monkeypatch.setitem(
+                vars(module),
+                attention.EXPAND_LATENT,
+                lambda c, r, own=own: expanded.append(c.shape) or own(c, r),
+            )
+    requests = [
+        Request(tuple(range(3, 43)), {"method": "snapstream", "budget": 36, "window": 8, "ring": 8}, 6)
+    ]
+    ContinuousBatcher(model, rows=2).run(requests, lambda answer: None)
+    # the batcher's one-token probe of what the model caches, then the 40-token prefill; no held slots
+    assert {shape[2] for shape in expanded} == {1, 40}

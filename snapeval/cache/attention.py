@@ -39,7 +39,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 
 from snapeval.cache.base import LAYER_WINDOW, SnapevalCache
 from snapeval.cache.decode_attention import grouped_decode_attention
-from snapeval.cache.mla import is_latent
+from snapeval.cache.mla import absorbed_decode_attention, is_latent, up_projections
 from snapeval.cache.rope import key_rotation
 from snapeval.couplings import (
     CACHE_PARAMETERS,
@@ -59,6 +59,8 @@ ROPE_INV_FREQ = "snapeval_rope_inv_freq"  # attribute that install() sets on eve
 CACHE_KWARG = "snapeval_cache"  # the keyword that carries a layer's past_key_values to the attention
 ROTARY_MODULE = "snapeval_rotary_emb"  # the model's rotary embedding module, kept on every attention module
 INPUTS_KWARG = "snapeval_inputs"  # and the module's forward inputs, for a cache that wants_layer_inputs
+EXPAND_LATENT = "snapeval_expand_latent"  # attribute install() sets on an MLA module: its own expand_kv
+UP_PROJECTIONS = "snapeval_up_projections"  # and its kv_b_proj halves, for absorbed decode attention
 IN_LOOP_HOOK = "snapeval_in_loop_hook"  # attribute that install() sets once it hooked the model's forward
 
 
@@ -86,6 +88,17 @@ def snapeval_attention(
             "model",
         )
     owns_mask = getattr(cache, "owns_decode_mask", False)
+    expand = vars(module).get(EXPAND_LATENT)  # an MLA module whose latent reaches here unexpanded
+    if expand is not None:
+        prefilling = isinstance(cache, SnapevalCache) and cache.awaiting_prefill(layer_idx)
+        if owns_mask and not prefilling and _one_token_sdpa(query, kwargs):
+            cache.note_attended(layer_idx)
+            mask = cache.attention_mask(layer_idx, 1, query.shape[1])
+            projections = vars(module)[UP_PROJECTIONS]
+            output = absorbed_decode_attention(query, key, value, mask, kwargs.get("scaling"), projections)
+            cache.record(layer_idx, query, module, inputs)
+            return output, None
+        key, value = expand(key, value)
     if not owns_mask:
         return base(module, query, key, value, attention_mask, **kwargs)
     cache.note_attended(layer_idx)  # the engine is in the loop: see check_engine_in_loop
@@ -260,6 +273,11 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
         vars(module)[ROPE_ROTATION] = rotation
         vars(module)[ROTARY_MODULE] = rotary  # a plain reference, not a registered submodule
         vars(module)[BASE_ATTENTION] = _eager_attention(model, module) if eager else sdpa_attention_forward
+        absorbs = is_latent(module) and not eager and hasattr(module, "expand_kv")
+        if absorbs and EXPAND_LATENT not in vars(module):
+            vars(module)[EXPAND_LATENT] = module.expand_kv  # the snapeval attention expands, or absorbs
+            vars(module)[UP_PROJECTIONS] = up_projections(module)
+            module.expand_kv = _latent_as_it_is
         if not getattr(module.forward, CACHE_KWARG, False):
             module.forward = _passing_the_cache(module.forward, *cache_names(module))
     if not getattr(model, IN_LOOP_HOOK, False):
@@ -270,6 +288,11 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
     AttentionMaskInterface.register(name, eager_mask if eager else sdpa_mask)
     model.set_attn_implementation(name)
     return model
+
+
+def _latent_as_it_is(latent: torch.Tensor, rotary: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An installed MLA module's ``expand_kv``: the latent goes to the snapeval attention unexpanded."""
+    return latent, rotary
 
 
 def _check_engine_in_loop(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:

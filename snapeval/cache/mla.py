@@ -39,3 +39,45 @@ def latent_queries(module: torch.nn.Module, query: torch.Tensor) -> torch.Tensor
     up = module.kv_b_proj(identity).float().view(rank, heads, nope + module.v_head_dim)
     absorbed = torch.einsum("bhnd,rhd->bhnr", query[..., :nope].float(), up[..., :nope])
     return torch.cat([absorbed, query[..., nope:].float()], dim=-1)
+
+
+def up_projections(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(heads, qk_nope_head_dim, kv_lora_rank) key and (heads, v_head_dim, kv_lora_rank) value halves of
+    ``kv_b_proj`` in the module's dtype, read (as :func:`latent_queries` does) by applying it to the
+    identity, so that they are the matrices the model applies."""
+    rank, nope, value = module.kv_lora_rank, module.qk_nope_head_dim, module.v_head_dim
+    weight = module.kv_b_proj.weight
+    with torch.no_grad():
+        identity = torch.eye(rank, dtype=weight.dtype, device=weight.device)
+        up = module.kv_b_proj(identity).view(rank, -1, nope + value).permute(1, 2, 0)
+    return up[:, :nope].contiguous(), up[:, nope:].contiguous()
+
+
+def absorbed_decode_attention(
+    query: torch.Tensor,
+    latent: torch.Tensor,
+    rotary: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    projections: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """(rows, 1, heads, v_head_dim) MLA attention of one query token per row over the held latent slots,
+    without expanding per-head keys or values: each query head's no-RoPE part is absorbed through its key
+    up-projection into latent space, every head attends to the one latent head (keys ``[c, k_rot]``,
+    values ``c``), and the latent output goes out through the head's value up-projection.
+
+    ``query``: (rows, heads, 1, qk_nope + rope) post-RoPE; ``latent`` (rows, 1, slots, kv_lora_rank) and
+    ``rotary`` (rows, 1, slots, rope) as the cache holds them; ``mask``: None or bool (rows, 1 or heads, 1,
+    slots); ``projections``: :func:`up_projections`. Scores and the softmax in float32, as eager
+    attention computes them.
+    """
+    key_up, value_up = projections
+    nope = key_up.shape[1]
+    heads_first = query[:, :, 0].unsqueeze(1)  # (rows, 1, heads, d): the heads as one group's query rows
+    absorbed = torch.einsum("bqhn,hnr->bqhr", heads_first[..., :nope], key_up)
+    scores = absorbed @ latent.transpose(-1, -2) + heads_first[..., nope:] @ rotary.transpose(-1, -2)
+    scores = scores.float() * scaling
+    if mask is not None:
+        scores = scores.masked_fill(~mask.transpose(1, 2), float("-inf"))
+    weights = torch.softmax(scores, dim=-1).to(latent.dtype)
+    return torch.einsum("bqhr,hvr->bqhv", weights @ latent, value_up)
