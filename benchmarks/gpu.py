@@ -20,7 +20,7 @@ API (``install``, ``build_cache``, ``ContinuousBatcher``, ``prefill_logits``), i
 
 The GPU machines lent here have torch and transformers but not hydra/omegaconf, which snapeval's
 parameter declarations import: carry them, ``pip install --no-deps --target .gpu-deps hydra-core
-omegaconf antlr4-python3-runtime==4.9.3``, then ``PYTHONPATH=.gpu-deps python benchmarks/gpu.py``.
+omegaconf antlr4-python3-runtime==4.9.3 tabulate``, then ``PYTHONPATH=.gpu-deps python benchmarks/gpu.py``.
 """
 
 from __future__ import annotations
