@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from snapeval.cli import report
+from snapeval.cli import keep_interrupts, report
 from snapeval.configs import legacy
 from snapeval.configs.check import check_choices, validate
 from snapeval.configs.compose import plain
@@ -39,11 +39,7 @@ def main(cfg: DictConfig) -> None:
 
         summaries = run(config)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.workers.Terminated)
-        print(
-            "interrupted: every sample stored so far is kept; the same command resumes the run",
-            file=sys.stderr,
-        )
-        sys.exit(143 if type(exc).__name__ == "Terminated" else 130)
+        sys.exit(interrupted(exc))
     except SnapevalError as exc:
         code = report(exc)
         if multirun:
@@ -58,25 +54,46 @@ def main(cfg: DictConfig) -> None:
 
 
 def check_before_hydra(overrides: list[str]) -> None:
-    """Compose and check a single run's config before Hydra starts it (and makes its output folder); a
-    sweep (``-m``) or Hydra flags go straight to Hydra, whose runner records each bad point as failed."""
-    if any(o.startswith(("-", "hydra")) for o in overrides):
-        check_choices(overrides)
-    else:
-        config = validate(overrides)
-        from snapeval.results import ResultsDB  # the database opens (or fails on run.db) in a second
+    """Compose and check a single run's config before Hydra starts it (and makes its output folder), its
+    Hydra settings (``hydra.job.name=x``) left to Hydra; a sweep (``-m``) or Hydra flags go to Hydra once
+    every override parses and names existing options: its runner records each bad point as failed."""
+    check_choices(overrides)
+    if any(o.startswith("-") for o in overrides):
+        return
+    config = validate([o for o in overrides if not is_hydra_setting(o)])
+    from snapeval.results import ResultsDB  # the database opens (or fails on run.db) in a second
 
-        ResultsDB(config["run"]["db"]).close()
-        if config["job"] == "evaluate":  # cache, task, data, shard and drafts: before any model loads
-            from snapeval.preflight import check_inputs
+    ResultsDB(config["run"]["db"]).close()
+    if config["job"] == "evaluate":  # cache, task, data, shard and drafts: before any model loads
+        from snapeval.preflight import check_inputs
 
-            check_inputs(config)
+        check_inputs(config)
+
+
+def is_hydra_setting(override: str) -> bool:
+    """Whether ``override`` sets Hydra's own config (``hydra.job.name=x``, ``hydra/launcher=joblib``)."""
+    key = override.lstrip("+~").partition("=")[0]
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
+def interrupted(exc: KeyboardInterrupt) -> int:
+    """Say in one line that the command was interrupted; its exit code: 143 for SIGTERM
+    (:class:`snapeval.workers.Terminated`), else 130 (Ctrl-C)."""
+    print(
+        "interrupted: every sample stored so far is kept; the same command resumes the run",
+        file=sys.stderr,
+    )
+    return 143 if type(exc).__name__ == "Terminated" else 130
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = legacy.rewrite(sys.argv[1:])  # old spellings (task.limit=2), each with a note
-    try:
-        check_before_hydra(sys.argv[1:])
-    except SnapevalError as exc:
-        sys.exit(report(exc))
-    main()
+    try:  # Ctrl-C while torch loads (or anywhere before the run) ends in one line too
+        sys.argv[1:] = legacy.rewrite(sys.argv[1:])  # old spellings (task.limit=2), each with a note
+        try:
+            with keep_interrupts():
+                check_before_hydra(sys.argv[1:])
+        except SnapevalError as exc:
+            sys.exit(report(exc))
+        main()
+    except KeyboardInterrupt as exc:
+        sys.exit(interrupted(exc))

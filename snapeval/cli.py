@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, ParamSpec
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 from snapeval.errors import SnapevalError
 
@@ -51,6 +52,29 @@ def one_line_errors(main: Callable[P, int]) -> Callable[P, int]:
             return report(error)
 
     return command
+
+
+@contextmanager
+def keep_interrupts() -> Iterator[None]:
+    """Ctrl-C inside the block ends it with :class:`KeyboardInterrupt`, even where Python drops one: raised
+    in a finalizer (a garbage-collected object's callback while torch loads, say), it is only printed, in
+    lines, and the command goes on. Such a one is kept silent and raised as the block ends."""
+    dropped: list[BaseException] = []
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            dropped.append(unraisable.exc_value)
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+    if dropped:
+        raise KeyboardInterrupt
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,8 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ import numpy as np
 import yaml
 
 from snapeval.cli import DB_OPTION, add_db_option, one_line_errors, open_existing
+from snapeval.configs.check import check
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.results import ResultsDB, database_url, identity
@@ -64,19 +66,29 @@ class Gate:
         for key, overrides in (("task", task), ("cache", cache)):
             if not isinstance(overrides, list) or not all(isinstance(item, str) for item in overrides):
                 raise SnapevalError(f"must be a list of Hydra overrides, got {overrides!r}", f"{where}.{key}")
-        if isinstance(min_retained, bool) or not isinstance(min_retained, int | float) or min_retained < 0:
-            raise SnapevalError(f"must be a number >= 0, got {min_retained!r}", f"{where}.min_retained")
+        if not _finite(min_retained) or min_retained < 0:  # NaN or inf: a gate that cannot fail, or pass
+            message = f"must be a number >= 0 and finite, got {min_retained!r}"
+            raise SnapevalError(message, f"{where}.min_retained")
         if isinstance(min_n, bool) or not isinstance(min_n, int) or min_n < 1:
             raise SnapevalError(f"must be a positive integer, got {min_n!r}", f"{where}.min_n")
         return cls(name, tuple(task), tuple(cache), float(min_retained), min_n)
 
     def configs(self, db_url: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The full-cache and the compressed run configs, storing their samples at ``db_url``."""
-        configs = compose_config(*self.task, "cache=full"), compose_config(*self.task, *self.cache)
-        for config in configs:
-            config["run"]["db"] = db_url
-            config["run"]["progress"] = False
-        return configs
+        full, compressed = (self.config(overrides, db_url) for overrides in self.overrides())
+        return full, compressed
+
+    def overrides(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The overrides of the full-cache and of the compressed run."""
+        return (*self.task, "cache=full"), (*self.task, *self.cache)
+
+    @staticmethod
+    def config(overrides: tuple[str, ...], db_url: str) -> dict[str, Any]:
+        """The run config of ``overrides``, storing its samples at ``db_url``, without a progress bar."""
+        config = compose_config(*overrides)
+        config["run"]["db"] = db_url
+        config["run"]["progress"] = False
+        return config
 
 
 @dataclass(frozen=True)
@@ -116,17 +128,49 @@ class Verdict:
         )
 
 
+def _finite(value: object) -> bool:
+    """A real number, neither NaN nor infinite (YAML's ``.nan``, ``.inf``), nor a boolean."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def load_gates(path: str | Path) -> list[Gate]:
     """The gates of a YAML spec file (a list of :class:`Gate` entries)."""
     try:
-        spec = yaml.safe_load(Path(path).read_text())
+        spec = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise SnapevalError(f"cannot read the gate spec: {exc.strerror}", str(path)) from exc
-    except yaml.YAMLError as exc:
+    except UnicodeDecodeError as exc:
+        byte = f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+        raise SnapevalError(f"{path}: not UTF-8 text ({byte}): give a YAML gate spec", "--spec") from None
+    except (yaml.YAMLError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise SnapevalError(f"not valid YAML: {' '.join(str(exc).split())}", str(path)) from exc
     if not isinstance(spec, list) or not spec:
         raise SnapevalError("must be a non-empty list of gates", str(path))
     return [Gate.from_spec(entry, f"{path}[{index}]") for index, entry in enumerate(spec)]
+
+
+def checked_configs(gates: list[Gate], spec: Path, db_url: str) -> list[tuple[str, dict[str, Any]]]:
+    """Each gate's full-cache and compressed config, each with where it comes from in ``spec``
+    (``<spec>[i].task`` or ``.cache``), checked against the schema (:func:`snapeval.configs.check.check`):
+    a bad one is refused in one line naming both, in about a second, before torch loads."""
+    checked = []
+    for index, gate in enumerate(gates):
+        for key, overrides in zip(("task", "cache"), gate.overrides(), strict=True):
+            where = f"{spec}[{index}].{key}"
+            with located(where):
+                config = gate.config(overrides, db_url)
+                check(config)
+            checked.append((where, config))
+    return checked
+
+
+@contextmanager
+def located(where: str) -> Iterator[None]:
+    """Re-raise a :class:`SnapevalError` with ``where`` (a gate's entry in its spec) in front of it."""
+    try:
+        yield
+    except SnapevalError as exc:
+        raise SnapevalError(str(exc), where) from None
 
 
 def run_gate(gate: Gate, db_url: str) -> None:
@@ -174,8 +218,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gates = load_gates(args.spec)
     db_url = database_url(args.db)
+    configs = checked_configs(gates, args.spec, db_url)  # every gate's, before any of them runs
     if not args.no_run:
         ResultsDB(db_url, field=DB_OPTION).close()  # a database that cannot be written fails here, on --db
+        from snapeval.preflight import check_inputs  # torch: only once the spec and its configs are good
+
+        for where, config in configs:
+            with located(where):
+                check_inputs(config)
         for gate in gates:
             run_gate(gate, db_url)
     with open_existing(db_url) as db:

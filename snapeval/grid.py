@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,10 @@ from snapeval.configs.methods import METHODS, effective_params, missing_extra, p
 from snapeval.errors import SnapevalError
 
 GRID_KEYS = ("cache", "params", "share_prefill")
+MAX_GRID_POINTS = 1_000
+"""The most points one grid runs: every point is a stored run and a cache per prompt, set up before the
+first sample; a larger sweep is several grids (or a ``-m`` sweep over one of its parameters)."""
+SCALARS = (str, int, float, bool, type(None))
 
 
 def _shipped(name: Any) -> dict[str, Any] | None:
@@ -45,7 +50,8 @@ def _option(name: Any) -> dict[str, Any]:
 
 
 def check_grid(cfg: Mapping[str, Any]) -> None:
-    """Reject a malformed ``grid`` (unknown keys, options, parameters) before any model work."""
+    """Reject a malformed ``grid`` (its type, unknown keys, options, parameters, values that are not a
+    value or a list of values, more than :data:`MAX_GRID_POINTS` points) before any model work."""
     grid = cfg.get("grid")
     if grid is None:
         return
@@ -61,16 +67,67 @@ def check_grid(cfg: Mapping[str, Any]) -> None:
         raise SnapevalError("must be true or false", "grid.share_prefill")
     methods = {_option(name)["method"] for name in options}
     accepted = {name for method in methods for name in parameter_names(METHODS[method])}
-    for name, values in (grid.get("params") or {}).items():
+    for name, values in _params(grid).items():
         if name not in accepted:
             known = ", ".join(sorted(methods))
             raise SnapevalError(f"no method of this grid ({known}) takes it", f"grid.params.{name}")
         if isinstance(values, list) and not values:
             raise SnapevalError("an empty list leaves no point to run", f"grid.params.{name}")
+        listed = values if isinstance(values, list) else [values]
+        if not all(isinstance(value, SCALARS) for value in listed):
+            raise SnapevalError(f"must be a value or a list of values, got {values!r}", f"grid.params.{name}")
+    if (count := point_count(grid)) > MAX_GRID_POINTS:
+        raise too_many_points(f"{count:,} points")
     cache = dict(cfg.get("cache") or {})
     shipped = _shipped(cache.get("method"))
     if shipped is not None and cache != shipped:
         raise SnapevalError("a grid takes its cache settings from grid.params, not from cache.*", "cache")
+
+
+def _params(grid: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``grid.params``: a mapping of parameter names to a value or a list of values (null: none)."""
+    params = grid.get("params")
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping):
+        message = f"must be a mapping of parameters to a value or a list of values, got {params!r}"
+        raise SnapevalError(message, "grid.params")
+    return params
+
+
+def point_count(grid: Mapping[str, Any]) -> int:
+    """How many points ``grid`` has at most (its distinct options, each swept over the parameters its
+    method takes), counted without making them."""
+    swept = {name: len(values) for name, values in _params(grid).items() if isinstance(values, list)}
+    takes = [parameter_names(METHODS[_option(option)["method"]]) for option in dict.fromkeys(grid["cache"])]
+    return sum(math.prod(n for name, n in swept.items() if name in names) for names in takes)
+
+
+def too_many_points(size: str) -> SnapevalError:
+    """The error of a grid of ``size`` (say ``10,000 points``), larger than :data:`MAX_GRID_POINTS`."""
+    return SnapevalError(
+        f"{size}; a grid runs at most {MAX_GRID_POINTS:,}: split it into smaller grids", "grid"
+    )
+
+
+def longest_list(text: str) -> int:
+    """The most items in one bracketed list (``[a, b, ...]``) of an override's text, quoted text
+    skipped: a grid's size told before Hydra's parser, which takes seconds on a list of thousands, reads
+    it. Linear in the text."""
+    open_lists: list[int] = []  # for each open bracket, its items so far (-1: a mapping's braces)
+    longest, quote = 0, ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            open_lists.append(1 if char == "[" else -1)
+        elif char == "," and open_lists and open_lists[-1] > 0:
+            open_lists[-1] += 1
+        elif char in "]}" and open_lists:
+            longest = max(longest, open_lists.pop())
+    return longest
 
 
 def grid_points(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -80,17 +137,17 @@ def grid_points(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     base = {key: value for key, value in cfg.items() if key != "grid"}
     if grid is None:
         return [base]
-    params = grid.get("params") or {}
+    params = _params(grid)
     swept = {name: value if isinstance(value, list) else [value] for name, value in params.items()}
     points, seen = [], set()
     for option in grid["cache"]:
         shipped = _option(option)
         if missing_extra(shipped["method"]):
             continue  # preflight says so once (skipped_options)
-        for values in itertools.product(*swept.values()):
-            # a parameter the method does not take is left out: the point is that method's own config
-            given = {name: value for name, value in zip(swept, values, strict=True) if name in shipped}
-            cache = {**shipped, **given}
+        # a parameter the method does not take is left out: the point is that method's own config
+        taken = {name: values for name, values in swept.items() if name in shipped}
+        for values in itertools.product(*taken.values()):  # linear in the points: no product of the rest
+            cache = {**shipped, **dict(zip(taken, values, strict=True))}
             try:
                 effective = tuple(sorted(effective_params(cache).items()))
             except SnapevalError:

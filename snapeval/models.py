@@ -22,13 +22,14 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.activations import ACT2FN
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from snapeval.cache.attention import check_model_config
 from snapeval.configs import model as configs_model
+from snapeval.configs.fields import WEIGHT_SHAPES, model_entry
 from snapeval.configs.methods import draft_names
 from snapeval.errors import SnapevalError
-from snapeval.paths import CONF_DIR
 
 PACKAGE_SCHEME = "pkg://"
 DTYPES = {name: getattr(torch, name) for name in configs_model.DTYPES}
@@ -62,8 +63,8 @@ class ModelSpec:
 
 def model_spec(name_or_id: str) -> ModelSpec:
     """The spec of a model config in ``conf/model`` (``smollm2-135m``), else a Hub id or local path."""
-    config_file = CONF_DIR / "model" / f"{name_or_id}.yaml"
-    if config_file.is_file():
+    config_file = model_entry(name_or_id)  # a path never names a model config
+    if config_file is not None:
         from omegaconf import OmegaConf
 
         return ModelSpec.from_config(OmegaConf.to_container(OmegaConf.load(config_file)))
@@ -164,13 +165,7 @@ def load_model(spec: ModelSpec, attn_implementation: str | None = None) -> PreTr
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     source = resolve_pretrained(spec.pretrained)
-    try:
-        config = AutoConfig.from_pretrained(source, gguf_file=gguf_file(spec, source))
-    except (OSError, ValueError) as exc:
-        raise _load_error(spec, exc) from exc
-    for key, value in json.loads(spec.config_overrides or "{}").items():
-        setattr(config, key, value)
-    check_model_config(config)
+    config = model_config(spec)
     attn_implementation = attn_implementation or base_attention(config)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -183,6 +178,63 @@ def load_model(spec: ModelSpec, attn_implementation: str | None = None) -> PreTr
     except (OSError, ValueError) as exc:
         raise _load_error(spec, exc) from exc
     return model.to(device).eval()
+
+
+def model_config(spec: ModelSpec) -> PretrainedConfig:
+    """The model's Hugging Face config, read before its weights, with ``spec.config_overrides`` set: a
+    config that cannot be read is refused naming ``model.pretrained``, overrides that break it naming
+    ``model.config_overrides`` (:func:`check_overrides`), a family the engine cannot serve naming ``model``
+    (:func:`snapeval.cache.attention.check_model_config`)."""
+    source = resolve_pretrained(spec.pretrained)
+    try:
+        config = AutoConfig.from_pretrained(source, gguf_file=gguf_file(spec, source))
+    except (OSError, ValueError) as exc:
+        raise _load_error(spec, exc) from exc
+    except Exception as exc:  # values its class cannot take (a config.json with 0 heads: ZeroDivisionError)
+        message = f"the config of {source!r} is not valid ({type(exc).__name__}: {exc})"
+        raise SnapevalError(message, "model.pretrained") from None
+    overrides = json.loads(spec.config_overrides or "{}")
+    if overrides:
+        check_overrides(config, overrides)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    check_model_config(config)
+    return config
+
+
+def check_overrides(config: PretrainedConfig, overrides: dict) -> None:
+    """Refuse ``config_overrides`` that change the weights' shapes (:data:`WEIGHT_SHAPES`), name an
+    activation transformers lacks, or leave a config its class refuses or a model that cannot be built
+    (built on the meta device: no memory, no weights)."""
+    for key, value in overrides.items():
+        field = f"model.config_overrides.{key}"
+        held = getattr(config, key, None)
+        if key in WEIGHT_SHAPES and held is not None and value != held:
+            message = f"{value!r} does not fit the weights, made for {held!r}: overrides may change how the "
+            raise SnapevalError(message + "model runs (rope_parameters, ...), not its weights' shapes", field)
+        if (
+            key.endswith("_act")
+            and isinstance(held, str)
+            and (not isinstance(value, str) or value not in ACT2FN)
+        ):
+            choices = ", ".join(sorted(ACT2FN))
+            raise SnapevalError(f"unknown activation {value!r}; choose one of {choices}", field)
+    try:
+        _build_on_meta(type(config).from_dict({**config.to_dict(), **overrides}))
+    except Exception as exc:  # whatever the class or the model's modules refuse
+        try:
+            _build_on_meta(config)
+        except Exception:  # not the overrides' doing: the family does not build on the meta device
+            return
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        message = f"the model cannot be built with them: {reason}"
+        raise SnapevalError(message, "model.config_overrides") from None
+
+
+def _build_on_meta(config: PretrainedConfig) -> None:
+    """Build the model of ``config`` on the meta device: its modules, without memory or weights."""
+    with torch.device("meta"):
+        AutoModelForCausalLM.from_config(config)
 
 
 def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:

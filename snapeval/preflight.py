@@ -8,34 +8,42 @@ draft models a cache names.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from snapeval.configs.fields import count_error, is_name, model_configs, model_entry
 from snapeval.configs.methods import draft_names, missing_extra
+from snapeval.configs.root import MAX_REQUESTS
 from snapeval.errors import SnapevalError
 from snapeval.grid import check_grid, grid_points, skipped_options
-from snapeval.paths import CONF_DIR
 
 DRAFT_FIELD = "cache.draft"
+MODEL_FIELD = "model.pretrained"
 
 
 def check_inputs(config: Mapping[str, Any]) -> None:
-    """Every check that needs no model weights: cache parameters, task, data rows, shard, drafts."""
+    """Every check that needs no model weights: task, data rows, requests, shard, drafts' names and cache
+    extras, a local model folder's ``config.json`` (before torch), then cache parameters, drafts' configs
+    and the model's config with its overrides."""
     from snapeval.tasks import load_task
 
     limit = config["run"]["limit"]
     task = load_task(config["task"], config["seed"], limit)
     if not task.needs_tokenizer:  # rows are read from a file (or the Hub): read them now
-        count = len(task.rows(None)[:limit])
+        rows = task.rows(None)[:limit]
+        task.check_fits(rows, config["model"]["max_context"])  # a row too long, before any tokenizer
+        count = len(rows)
     else:  # generated: as many as asked for
         count = limit or config["task"].get("num_prompts") or 1
+    check_requests(count, config["generation"]["num_samples"])
     check_shard(count * config["generation"]["num_samples"], config["run"]["shard"])
-
-    if config.get("grid") is None:  # a draft's name, before torch loads
-        check_draft_names([config["cache"]])
     check_extras(config)
+    caches = [point["cache"] for point in grid_points(config)]
+    check_draft_names(caches)  # before torch
+    check_model_folder(config["model"])
 
     from snapeval.cache import build_cache  # torch and transformers load here
 
@@ -45,7 +53,46 @@ def check_inputs(config: Mapping[str, Any]) -> None:
         build_cache({k: v for k, v in cache.items() if v is not None} if outside else cache, strict=outside)
     else:
         check_grid(config)
-    check_drafts([point["cache"] for point in grid_points(config)])
+    check_drafts(caches)
+    check_model(config["model"])
+
+
+def check_requests(prompts: int, draws: int) -> None:
+    """Refuse more than :data:`~snapeval.configs.root.MAX_REQUESTS` requests (``prompts`` x ``draws``)."""
+    if prompts * draws > MAX_REQUESTS:
+        raise SnapevalError(
+            f"{prompts:,} prompts x {draws:,} draws make {prompts * draws:,} requests; a run makes at most "
+            f"{MAX_REQUESTS:,}: draw fewer, or fewer prompts (run.limit)",
+            "generation.num_samples",
+        )
+
+
+def check_model_folder(model: Mapping[str, Any]) -> None:
+    """A local model folder's ``config.json``, read before torch: a JSON object whose counts (layers,
+    heads, widths) are at least 1."""
+    path = Path(str(model.get("pretrained"))) / "config.json"
+    if not path.is_file():
+        return
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SnapevalError(f"{path}: not a readable JSON config ({exc})", MODEL_FIELD) from None
+    if not isinstance(values, dict):
+        raise SnapevalError(f"{path}: not a JSON object", MODEL_FIELD)
+    for key, value in values.items():
+        if (error := count_error(key, value)) is not None:
+            raise SnapevalError(f"{path}: {key} {error}", MODEL_FIELD)
+
+
+def check_model(model: Mapping[str, Any]) -> None:
+    """The model's config read (not its weights) with its ``config_overrides`` set and checked
+    (:func:`snapeval.models.model_config`), when it has overrides or is a local folder (a GGUF model's
+    config takes seconds to convert: its own is not checked here)."""
+    from snapeval.models import ModelSpec, model_config, resolve_pretrained
+
+    spec = ModelSpec.from_config(model)
+    if spec.config_overrides or (Path(resolve_pretrained(spec.pretrained)) / "config.json").is_file():
+        model_config(spec)
 
 
 def check_extras(config: Mapping[str, Any]) -> None:
@@ -75,17 +122,12 @@ def check_shard(samples: int, spec: str | None) -> None:
 
 def check_draft_names(caches: list[Mapping[str, Any]]) -> None:
     """Every draft model the caches name (``cache.draft``) is a model config of ``conf/model``, a local
-    directory, or a Hub id (``owner/name``)."""
-    models = sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml"))
+    directory, or a Hub id (``owner/name``): never another path."""
     for name in draft_names(caches):
-        if (
-            not (CONF_DIR / "model" / f"{name}.yaml").is_file()
-            and "/" not in name
-            and not Path(name).exists()
-        ):
+        if model_entry(name) is None and not Path(name).is_dir() and not (is_name(name) and "/" in name):
             raise SnapevalError(
-                f"no model {name!r}: give self, a model config ({', '.join(models)}), a local directory or "
-                "a Hub id (owner/name)",
+                f"no model {name!r}: give self, a model config ({', '.join(model_configs())}), a local "
+                "directory or a Hub id (owner/name)",
                 DRAFT_FIELD,
             )
 

@@ -4,7 +4,9 @@ A preset (``conf/protocol/<name>.yaml``) sets its task's settings to the officia
 in ``protocol.deviations``, what it still does otherwise (names of README "Protocols" rows, each with a
 test; ``[]`` ideally). That list is part of the composed config, so it is stored with every run and
 its rows. A setting of the preset changed after it on the command line is one more deviation,
-named by :func:`changed_settings` and stored beside them (``protocol.changed``).
+named by :func:`changed_settings` and stored beside them (``protocol.changed``). A grader's own
+deviations (Qwen2.5-Math's parsers, LiveCodeBench's JSON comparison) hold under any preset or none: its
+task names them (``Task.deviations``) and every row it scores stores them (``extra.deviations``).
 """
 
 from __future__ import annotations

@@ -63,12 +63,15 @@ def sample_row(
     """The stored row of a prompt whose last call ended: its final output scored, its calls' seconds
     and token counts added up, its KV bytes the largest of its calls'; ``prompt_tokens``, the kept
     histogram and the trace describe the first (long-context) call. ``reference``: the full cache's
-    output of the same sample, when known."""
+    output of the same sample, when known. ``extra.deviations``: the README "Protocols" deviations of the
+    task's scoring (Qwen2.5-Math's grader's, LiveCodeBench's JSON comparison), under any preset or none."""
     first, output = calls[0], answer_text(tokenizer, calls[-1])
     metrics = task.score(prompt, output)
     prompt_ids, compress_at = first.request.prompt_ids, first.request.compress_at
     extra = {**prompt.metadata, "compressed_prompt_tokens": compress_at or len(prompt_ids)}
     extra["trace"] = trace(tokenizer, first)
+    if task.deviations:
+        extra["deviations"] = list(task.deviations)
     if first.kept_histogram is not None:
         extra["kept_histogram"] = first.kept_histogram
         extra["kept_share"] = first.kept_share

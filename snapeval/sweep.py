@@ -7,6 +7,7 @@ KV MiB, seconds per sample, status), failed points included with their error.
 from __future__ import annotations
 
 import itertools
+import sys
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,7 +17,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from snapeval.cli import open_existing, report
+from snapeval.cli import EXIT_BAD_INPUT, open_existing, report
 from snapeval.errors import SnapevalError
 from snapeval.results import ResultsDB, summary_of
 from snapeval.tables import SWEEP_COLUMNS, cache_label, numbers, render, task_label
@@ -43,17 +44,22 @@ class SweepSummary(Callback):
         print(f"[sweep] point {self.points}{of_total}: {overrides}", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Print the table of the sweep's points; end the command with exit code 2 when no evaluation point
+        finished (every one failed, or none could store a run): the errors are above."""
+        evaluates = config.get("job") == "evaluate"
         try:
             with open_existing(config.run.db, field="run.db") as db:
                 table = sweep_table(db, self.started)
         except SnapevalError as error:  # no point could open the database: each said why
             report(error)
-            return
-        if table.empty:
-            return
-        failed = int((table["status"] == "failed").sum())
-        print(render(table))
-        print(f"[sweep] {len(table)} points, {failed} failed" + (" (errors above)" if failed else ""))
+            table = pd.DataFrame()
+        failed = 0 if table.empty else int((table["status"] == "failed").sum())
+        if not table.empty:
+            print(render(table))
+            print(f"[sweep] {len(table)} points, {failed} failed" + (" (errors above)" if failed else ""))
+        if evaluates and (table.empty or not (table["status"] == "finished").any()):
+            print(f"error: sweep: no point finished ({failed} failed; errors above)", file=sys.stderr)
+            raise SystemExit(EXIT_BAD_INPUT)  # Hydra turns a callback's Exception into a warning
 
 
 def sweep_points(overrides: list[str]) -> list[list[str]]:

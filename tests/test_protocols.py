@@ -123,7 +123,21 @@ VERDICTS = [
         "runtime_error",
         "the capture's close() takes an argument",
     ),
+    (
+        "try:\n    while True:\n        pass\nexcept Exception:\n    pass\nprint(int(input()) + 1)",
+        ADD_ONE,
+        "wrong_answer",
+        "the alarm's 'timeout occured' line lands in the captured stdout, swallowed or not",
+    ),
     (append_method("return a + [x]"), APPEND, "passed", "correct"),
+    (
+        append_method(
+            "try:", "    time.sleep(3)", "except Exception:", "    pass", "return a + [x]", head=SLOW
+        ),
+        APPEND,
+        "passed",
+        "a functional call's swallowed alarm prints outside any capture",
+    ),
     (
         append_method("print('debug')", "return (*a, x)"),
         APPEND,

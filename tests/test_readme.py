@@ -109,7 +109,9 @@ HELPER_GROUPS: dict[str, dict[str, str]] = {
         "snapeval/workers.py": "claims on samples shared with other workers",
     },
     "storing and reporting": {
+        "snapeval/results/__init__.py": "the database's front (pandas and scipy loaded on first use)",
         "snapeval/results/connect.py": "opens the database",
+        "snapeval/results/schema.py": "the tables, and whether a database is snapeval's",
         "snapeval/results/leases.py": "the heartbeat that keeps claims alive",
         "snapeval/results/summary.py": "the table's numbers, read back from the database",
         "snapeval/stats.py": "intervals (Wilson) and pass@k",

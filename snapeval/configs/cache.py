@@ -23,6 +23,7 @@ from snapeval.configs.values import (
     check_count,
     check_fraction,
     check_odd,
+    check_slots,
     check_snapkv_scoring,
     press_arguments,
 )
@@ -222,6 +223,7 @@ class RKV:
         if not isinstance(self.budget, int) or self.budget <= self.window:
             message = f"must be an integer larger than cache.window = {self.window}, got {self.budget!r}"
             raise SnapevalError(message, "cache.budget")
+        check_slots(self.budget, "cache.budget")
 
 
 @dataclass
@@ -265,6 +267,7 @@ class Kvpress:
             self.compression_interval = self.hidden_states_buffer_size = None
         if budget is not None and (not isinstance(budget, int) or budget <= 0):
             raise SnapevalError(f"must be a positive integer or null, got {budget!r}", "cache.budget")
+        check_slots(budget, "cache.budget")
         ratio_ok = isinstance(compression_ratio, int | float) and 0 <= compression_ratio < 1
         if budget is None and not ratio_ok:
             raise SnapevalError(f"must be in [0, 1), got {compression_ratio!r}", "cache.compression_ratio")

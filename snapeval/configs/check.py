@@ -22,11 +22,13 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from snapeval.configs.compose import compose_config, field_error
+from snapeval.configs.fields import count_error
 from snapeval.configs.methods import METHODS, check_cache
 from snapeval.configs.model import ModelConfig
 from snapeval.configs.root import Config
 from snapeval.configs.task import task_schema
 from snapeval.errors import SnapevalError
+from snapeval.grid import MAX_GRID_POINTS, check_grid, longest_list, too_many_points
 from snapeval.paths import CONF_DIR
 from snapeval.protocols import check_task
 
@@ -46,8 +48,12 @@ def check(config: Mapping[str, Any]) -> None:
     """Refuse unknown keys and ill-typed or out-of-range values of a composed config, then values that do
     not fit together."""
     check_task(config)
+    check_grid(config)  # before the cache node: a grid's points take the parameters of all its methods
     typed(config)
     task, model = config["task"], config["model"]
+    for key, value in (model.get("config_overrides") or {}).items():
+        if (error := count_error(key, value)) is not None:
+            raise SnapevalError(error, f"model.config_overrides.{key}")
     if str(model.get("device", "")).startswith("cuda") and no_gpu_here():
         raise SnapevalError("CUDA is not available on this machine; use auto or cpu", "model.device")
     window = model["max_context"]
@@ -94,13 +100,18 @@ def no_gpu_here() -> bool:
 
 
 def check_choices(overrides: list[str]) -> None:
-    """Refuse a command-line choice of a config group option that does not exist (``task=nope``), and
-    a number too long for Hydra's parser (more digits than Python converts)."""
+    """Refuse, before Hydra parses them, a command-line choice of a config group option that does not exist
+    (``task=nope``), a number too long for Hydra's parser (more digits than Python converts), a list too
+    long for a grid (Hydra's parser takes seconds on thousands of items) and an unquoted non-ASCII value."""
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
         number = value.lstrip("+-").replace("_", "")
         if number.isdigit() and 0 < sys.get_int_max_str_digits() < len(number):
             raise SnapevalError(f"a number of {len(number)} digits is out of range", key)
+        if key.startswith("grid") and (items := longest_list(value)) > MAX_GRID_POINTS:
+            raise too_many_points(f"a list of {items:,} values makes as many points")
+        if not override.isascii() and "=" in override and not override.startswith("-"):
+            check_parses(override)
         match = re.fullmatch(r"\+{0,2}(\w+)=(.*)", override)
         if not match or match[1] not in GROUPS:
             continue
@@ -108,6 +119,25 @@ def check_choices(overrides: list[str]) -> None:
         for option in match[2].split(","):
             if option not in options:
                 raise SnapevalError(f"unknown option {option!r}; choose one of {', '.join(options)}", group)
+
+
+def check_parses(override: str) -> None:
+    """Refuse an override Hydra's parser cannot read, in one line; a non-ASCII value outside quotes (which
+    the parser reads only inside them) with the override quoted as it would be read."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except OverrideParseException as exc:
+        prefix, key, value = re.fullmatch(r"([+~]*)([^=]*)=?(.*)", override, re.DOTALL).groups()
+        if not key.isascii():
+            raise SnapevalError(f"cannot parse {override!r}: a key is ASCII", key) from None
+        if value.isascii():
+            raise SnapevalError(f"cannot parse {value!r}: {str(exc).splitlines()[0]}", key) from None
+        quoted = re.sub(r"[^\s\[\]{},:='\"]*[^\x00-\x7f][^\s\[\]{},:='\"]*", lambda m: f'"{m[0]}"', value)
+        message = f"cannot parse {value!r}; quote non-ASCII values: '{prefix}{key}={quoted}'"
+        raise SnapevalError(message, key) from None
 
 
 def available(group: str) -> list[str]:

@@ -21,7 +21,7 @@ from omegaconf.errors import (
 )
 
 from snapeval.configs import legacy
-from snapeval.configs.fields import takes
+from snapeval.configs.fields import model_entry, takes
 from snapeval.configs.root import Config
 from snapeval.configs.store import register
 from snapeval.errors import SnapevalError
@@ -113,11 +113,13 @@ def named_after_weights(config: dict[str, Any]) -> dict[str, Any]:
     not be stored or shown under the entry's name, nor its ``hub_id`` (the memory estimator's geometry)
     kept. A name given on the command line (``model.name=...``) is kept as given."""
     model = config.get("model")
-    entry_file = CONF_DIR / "model" / f"{model['name']}.yaml" if model else None
-    if entry_file is None or not entry_file.is_file():
+    entry_file = model_entry(model.get("name")) if isinstance(model, dict) else None
+    if entry_file is None:  # no entry of that name (a path is never one: the schema refuses it)
         return config
     entry = yaml.safe_load(entry_file.read_text(encoding="utf-8")) or {}
-    if entry.get("name") != model["name"] or entry.get("pretrained") == model.get("pretrained"):
+    if not isinstance(entry, dict) or entry.get("name") != model["name"]:
+        return config
+    if entry.get("pretrained") == model.get("pretrained"):
         return config
     pretrained = str(model["pretrained"])
     name = Path(pretrained).name if Path(pretrained).is_dir() else pretrained

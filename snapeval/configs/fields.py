@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
+from pathlib import Path
 from typing import Any, ClassVar
 
 from snapeval.errors import SnapevalError
+from snapeval.paths import CONF_DIR
 
 Check = Callable[[Any], "str | None"]  # None when the value is fine, else what the field takes
 
@@ -23,6 +25,20 @@ INT64_MAX = 2**63 - 1  # what a database column and a torch tensor hold
 MAX_LEASE_S = 10**9  # about 31 years: an expiry date must stay within the calendar
 PROMPT_STYLES = ("openai_chat", "llama3", "codeqwen", "qwq", "deepseek_r1")
 """lcb_runner's prompts by LMStyle (snapeval/tasks/livecodebench/prompts.py)."""
+COUNTS = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "intermediate_size",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+)
+"""Attributes of a Hugging Face config that count something (layers, heads, widths, tokens): at least 1."""
+WEIGHT_SHAPES = tuple(key for key in COUNTS if key != "max_position_embeddings")
+"""The counts that shape a model's weights: ``config_overrides`` may not change them (the weights would
+not fit), only how the model runs (``rope_parameters``, ``max_position_embeddings``, ...)."""
 
 
 def setting(
@@ -141,3 +157,53 @@ def optional_text(value: Any) -> str | None:
 
 
 boolean = choice(True, False)
+
+
+# A model's name (``model.name``, ``cache.draft``) and its Hugging Face config's attributes (overrides)
+
+
+def model_configs() -> list[str]:
+    """The model configs a command line can choose (``model=NAME``): the names of ``conf/model/*.yaml``."""
+    return sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml"))
+
+
+def is_name(name: str) -> bool:
+    """Whether ``name`` is a model's name or a Hub id (``owner/name``), not a path: at most one ``/``, no
+    part empty or starting with ``.`` or ``~`` (``..``), no ``\\`` or unprintable character."""
+    parts = name.split("/")
+    return len(parts) <= 2 and all(
+        part and part[0] not in ".~" and "\\" not in part and part.isprintable() for part in parts
+    )
+
+
+def model_entry(name: object) -> Path | None:
+    """The file of model config ``name`` (``conf/model/<name>.yaml``); None if there is none (a path, or
+    a Hub id, never names one)."""
+    if not isinstance(name, str) or not is_name(name) or "/" in name:
+        return None
+    path = CONF_DIR / "model" / f"{name}.yaml"
+    return path if path.is_file() else None
+
+
+def model_name(value: Any) -> str | None:
+    """A model's name (see :func:`is_name`)."""
+    if isinstance(value, str) and is_name(value):
+        return None
+    return f"a name or a Hub id (owner/name), not a path (model configs: {', '.join(model_configs())})"
+
+
+def overrides_mapping(value: Any) -> str | None:
+    """Attributes to set on a Hugging Face config, by name, or null."""
+    if value is None or (isinstance(value, Mapping) and all(isinstance(key, str) for key in value)):
+        return None
+    return "a mapping of config attributes (such as {rope_theta: 100000.0}) or null"
+
+
+def count_error(key: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for Hugging Face config attribute ``key`` (None: nothing known): a
+    :data:`COUNTS` attribute is an integer >= 1, or null (unset: the class derives it)."""
+    if value is None or key not in COUNTS:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return f"must be an integer >= 1, got {value!r}"
+    return None

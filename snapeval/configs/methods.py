@@ -121,7 +121,7 @@ def check_cache(cache: Mapping[str, Any], grid: bool = False) -> None:
         known = sorted({f.name for params in METHODS.values() for f in fields(params)})
         owner = "the caches take"
     elif isinstance(method, str) and ":" in method:
-        return
+        return check_outside(method)
     else:
         known = [f.name for f in fields(params_class(method))]
         owner = f"{method} takes"
@@ -130,6 +130,16 @@ def check_cache(cache: Mapping[str, Any], grid: bool = False) -> None:
             raise SnapevalError(f"unknown key; {owner} {', '.join(sorted(known))}", f"cache.{key}")
     if not grid:
         method_params(params_class(method), cache)
+
+
+def check_outside(path: str) -> None:
+    """Refuse a method outside the package, ``package.module:ClassName``, that is spelled otherwise or whose
+    package is not installed: told without importing anything (its module loads with torch, later)."""
+    module, _, name = path.partition(":")
+    if not name.isidentifier() or not all(part.isidentifier() for part in module.split(".")):
+        raise SnapevalError(f"cannot load {path!r}: give package.module:ClassName", "cache.method")
+    if importlib.util.find_spec(package := module.partition(".")[0]) is None:
+        raise SnapevalError(f"cannot load {path!r}: No module named {package!r}", "cache.method")
 
 
 def draft_names(caches: Iterable[Mapping[str, Any]]) -> list[str]:

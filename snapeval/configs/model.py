@@ -11,7 +11,9 @@ from snapeval.configs.fields import (
     choice,
     device,
     integer,
+    model_name,
     optional_text,
+    overrides_mapping,
     setting,
     text,
 )
@@ -26,7 +28,7 @@ class ModelConfig(Checked):
 
     path = "model"
 
-    name: str = setting(check=text, help="the name results are stored and shown under")
+    name: str = setting(check=model_name, help="the name results are stored and shown under")
     pretrained: str = setting(check=text, help="a Hub id, a local folder, or pkg://<package> (embedded)")
     gguf_file: str | None = setting(None, check=optional_text, help="a GGUF file inside pretrained")
     hub_id: str | None = setting(
@@ -41,6 +43,9 @@ class ModelConfig(Checked):
         hashed=False,
         help="LiveCodeBench's prompt for this model (hashed as the task.prompt_style it sets)",
     )
-    config_overrides: dict[str, Any] | None = setting(
-        None, when_set=True, help="attributes set on the model's Hugging Face config (YaRN rope_parameters)"
+    config_overrides: Any = setting(  # Any: OmegaConf cannot merge a mapping into a null Dict node
+        None,
+        check=overrides_mapping,
+        when_set=True,
+        help="attributes set on the model's Hugging Face config (YaRN rope_parameters)",
     )

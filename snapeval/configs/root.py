@@ -27,6 +27,17 @@ from snapeval.configs.task import SCHEMAS, TaskConfig
 
 DEFAULT_DB = "results/snapeval.sqlite"
 """Where results go unless ``run.db`` (or ``$SNAPEVAL_DB``) says otherwise."""
+DB_ENV_VAR = "SNAPEVAL_DB"
+"""The results database of every command when none is named on its command line."""
+DB_DEFAULT = f"${{oc.env:{DB_ENV_VAR},{DEFAULT_DB}}}"
+"""``run.db``'s default: resolved when a config is composed, so one variable means one database for
+``python -m snapeval`` and the reading commands alike. Precedence: ``run.db=...`` (``--db`` for the
+reading commands) on the command line, then ``$SNAPEVAL_DB``, then :data:`DEFAULT_DB`."""
+MAX_DRAWS = 10_000
+"""The most answers drawn per prompt (``generation.num_samples``); a run's requests (prompts x draws) are
+capped too (:data:`MAX_REQUESTS`): each is a stored sample, set up before the first is evaluated."""
+MAX_REQUESTS = 1_000_000
+"""The most requests (prompts x draws) one run makes."""
 COMPILE_MODES = ("auto", "on", "off")
 """``run.compile``: compiled with CUDA graphs on a GPU and eager on CPU, always compiled, never."""
 
@@ -48,7 +59,12 @@ class RunConfig(Checked):
         "auto", check=choice(*COMPILE_MODES), stored=False, help="the compiled decode step"
     )
     progress: bool = setting(True, check=boolean, stored=False, help="a progress bar over samples")
-    db: str = setting(DEFAULT_DB, check=text, stored=False, help="a path (SQLite) or any SQLAlchemy URL")
+    db: str = setting(
+        DB_DEFAULT,
+        check=text,
+        stored=False,
+        help=f"a path (SQLite) or any SQLAlchemy URL; else ${DB_ENV_VAR}, else {DEFAULT_DB}",
+    )
     lease_s: int = setting(
         120,
         check=integer(low=4, high=MAX_LEASE_S),
@@ -66,7 +82,7 @@ class GenerationConfig(Checked):
     do_sample: bool = setting(False, check=boolean, help="false: greedy")
     temperature: float = setting(1.0, check=number(0, 100, low_open=True))
     top_p: float = setting(1.0, check=number(0, 1, low_open=True))
-    num_samples: int = setting(1, check=integer(), help="answers drawn per prompt")
+    num_samples: int = setting(1, check=integer(high=MAX_DRAWS), help="answers drawn per prompt")
 
 
 @dataclass

@@ -21,6 +21,8 @@ from snapeval.configs.fields import (
     setting,
     text,
 )
+from snapeval.errors import SnapevalError
+from snapeval.paths import CONF_DIR
 
 ANSWER_FROM = choice("response", "after_reasoning")
 TRUNCATION = choice("error", "middle")
@@ -37,15 +39,37 @@ class TaskConfig(Checked):
     max_new_tokens: int = setting(check=integer(), help="tokens an answer may have")
 
 
+MIN_RULER_CONTEXT = 48
+"""Fewer tokens than any RULER prompt takes: its instructions, needles and question alone are 58 words or
+more (passkey, the shortest), and no tokenizer shipped makes fewer tokens than words. A shorter context is
+refused at once; one that is longer but still too short, once the tokenizer loads."""
+
+
+def ruler_kind(value: Any) -> str | None:
+    """One of the RULER kinds: a ``conf/task/ruler_<kind>.yaml`` each, as snapeval/tasks/ruler.py has them
+    (``KINDS``; read off the configs, as the tasks import this module)."""
+    kinds = sorted(path.stem.removeprefix("ruler_") for path in (CONF_DIR / "task").glob("ruler_*.yaml"))
+    return choice(*kinds)(value)
+
+
 @dataclass
 class RulerTask(TaskConfig):
     """RULER-style prompts generated from the seed at ``context_length`` tokens (snapeval/tasks/ruler.py)."""
 
-    kind: str = setting(check=text, help="the needle task: passkey, niah_single, ...")
+    kind: str = setting(check=ruler_kind, help="the needle task: passkey, niah_single, ...")
     context_length: int = setting(1024, check=integer(low=16), help="tokens of the model's tokenizer")
     num_prompts: int = setting(
         10, check=integer(), hashed=False, help="prompts generated (prompt i is the same for any count)"
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.context_length < MIN_RULER_CONTEXT:
+            raise SnapevalError(
+                f"context_length {self.context_length} is too small: the instructions, needles and question "
+                f"alone take more than {MIN_RULER_CONTEXT} tokens",
+                self.field_path("context_length"),
+            )
 
 
 @dataclass

@@ -7,6 +7,9 @@ from typing import Any
 
 from snapeval.errors import SnapevalError
 
+MAX_SLOTS = 2**24
+"""The most slots a cache parameter (a budget, a window, a ring, ...) may count: 16,777,216 positions, more
+than any model's window; a larger one is refused before a model loads, not when its rows are allocated."""
 POOLINGS = ("max", "avg")
 GQA_REDUCTIONS = ("mean", "max")
 
@@ -35,11 +38,21 @@ def check_budget(budget: int | None, ratio: float | None, reserved: int, reserve
         raise SnapevalError(
             f"must be an integer larger than {reserved_what} = {reserved}, got {budget}", "cache.budget"
         )
+    check_slots(budget, "cache.budget")
+
+
+def check_slots(value: int | None, field: str) -> None:
+    """At most :data:`MAX_SLOTS` (null: none)."""
+    if isinstance(value, int) and value > MAX_SLOTS:
+        raise SnapevalError(
+            f"must be at most {MAX_SLOTS:,} slots (more positions than any model has), got {value}", field
+        )
 
 
 def check_snapkv_scoring(window: int, kernel: int, pooling: str, gqa_reduce: str) -> None:
     if not isinstance(window, int) or window <= 0:
         raise SnapevalError(f"must be a positive integer, got {window}", "cache.window")
+    check_slots(window, "cache.window")
     check_odd(kernel, "cache.kernel")
     check_choice(pooling, POOLINGS, "pooling", "cache.pooling")
     check_choice(gqa_reduce, GQA_REDUCTIONS, "reduction", "cache.gqa_reduce")
@@ -48,6 +61,7 @@ def check_snapkv_scoring(window: int, kernel: int, pooling: str, gqa_reduce: str
 def check_count(value: int, field: str, minimum: int) -> None:
     if not isinstance(value, int) or value < minimum:
         raise SnapevalError(f"must be an integer >= {minimum}, got {value}", field)
+    check_slots(value, field)
 
 
 def check_fraction(value: float, field: str, lowest: float) -> None:
@@ -59,6 +73,7 @@ def check_fraction(value: float, field: str, lowest: float) -> None:
 def check_odd(value: int, field: str) -> None:
     if not isinstance(value, int) or value <= 0 or value % 2 == 0:
         raise SnapevalError(f"must be a positive odd integer, got {value}", field)
+    check_slots(value, field)
 
 
 def check_choice(value: str, choices: tuple[str, ...], what: str, field: str) -> None:

@@ -22,10 +22,25 @@ def optional_int(config: Mapping[str, Any], key: str) -> int | None:
 
 
 def head_dim(config: Mapping[str, Any]) -> int:
-    """``head_dim`` if the config sets it, else ``hidden_size // num_attention_heads``."""
-    return optional_int(config, "head_dim") or require_int(config, "hidden_size") // require_int(
-        config, "num_attention_heads"
-    )
+    """``head_dim`` if the config sets it, else ``hidden_size // num_attention_heads`` (at least 1)."""
+    if explicit := optional_int(config, "head_dim"):
+        return explicit
+    hidden, heads = require_int(config, "hidden_size"), require_int(config, "num_attention_heads")
+    if hidden < heads:
+        message = f"{hidden} is less than num_attention_heads ({heads}): a head of 0 dimensions; set head_dim"
+        raise SnapevalError(message, "hidden_size")
+    return hidden // heads
+
+
+def layer_kinds(config: Mapping[str, Any], num_layers: int) -> list[str]:
+    """``layer_types``: one attention kind (a string) per layer."""
+    kinds = config["layer_types"]
+    if not isinstance(kinds, list) or not all(isinstance(kind, str) for kind in kinds):
+        message = f"must be a list of attention kinds, one per layer, got {kinds!r:.80}"
+        raise SnapevalError(message, "layer_types")
+    if len(kinds) != num_layers:
+        raise SnapevalError(f"has {len(kinds)} entries for {num_layers} layers", "layer_types")
+    return kinds
 
 
 def _positive(value: Any, key: str) -> int:

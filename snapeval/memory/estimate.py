@@ -20,6 +20,10 @@ from snapeval.memory.kv import (
 )
 from snapeval.memory.notes import estimate_notes
 
+MAX_TOKENS = 10_000_000
+"""The most tokens a ``context`` or ``budget`` may hold: 76x the 131,072 positions of today's long-context
+models; beyond it an estimate is only arithmetic (a model's own positions are a note, not a limit)."""
+
 
 @dataclass(frozen=True)
 class TierFit:
@@ -105,6 +109,9 @@ def estimate(
     for field, value in (("context", context), ("batch", batch), ("tp", tp), ("budget", budget)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise SnapevalError(f"must be a positive integer, got {value!r}", field)
+        if field in ("context", "budget") and value is not None and value > MAX_TOKENS:
+            shown = f"{value:,}" if value < 10**15 else f"{value:.3g}"
+            raise SnapevalError(f"{shown} tokens exceed the estimator's cap of {MAX_TOKENS:,}", field)
     method = resolve_method(method, budget)
     tokens = cached_tokens(method, context, budget)
     layout = {"tp": tp, "mla_latent_sharded": profile.mla_latent_sharded}

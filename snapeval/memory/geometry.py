@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from snapeval.errors import SnapevalError
-from snapeval.memory.catalogue import model_names, model_source, read_json, shipped_config
-from snapeval.memory.config_fields import head_dim, optional_int, require_int
+from snapeval.memory.catalogue import known_names, model_aliases, model_source, read_json, shipped_config
+from snapeval.memory.config_fields import head_dim, layer_kinds, optional_int, require_int
 from snapeval.memory.parameters import estimate_parameters
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ class ModelGeometry:
     qk_rope_head_dim: int | None = None
     sliding_window: int | None = None
     num_sliding_layers: int = 0
+    max_positions: int | None = None  # max_position_embeddings, where the config says
 
     @property
     def is_mla(self) -> bool:
@@ -74,7 +75,7 @@ def geometry_from_config(
     kv_lora_rank = optional_int(fields, "kv_lora_rank")
     rope_dim = require_int(fields, "qk_rope_head_dim") if kv_lora_rank else None
     window, sliding_layers = sliding_window_layers(fields, layers)
-    known_parameters = num_parameters or fields.get("_num_parameters")
+    known_parameters = num_parameters or optional_int(fields, "_num_parameters")
     label = name or fields.get("_name_or_path") or fields.get("model_type") or "model"
     return ModelGeometry(
         name=label,
@@ -89,6 +90,7 @@ def geometry_from_config(
         qk_rope_head_dim=rope_dim,
         sliding_window=window,
         num_sliding_layers=sliding_layers,
+        max_positions=optional_int(fields, "max_position_embeddings"),
     )
 
 
@@ -103,10 +105,7 @@ def sliding_window_layers(config: Mapping[str, Any], num_layers: int) -> tuple[i
     if window is None:
         return None, 0
     if config.get("layer_types") is not None:
-        layer_types = config["layer_types"]
-        if len(layer_types) != num_layers:
-            raise SnapevalError(f"has {len(layer_types)} entries for {num_layers} layers", "layer_types")
-        count = sum(kind == SLIDING_ATTENTION for kind in layer_types)
+        count = sum(kind == SLIDING_ATTENTION for kind in layer_kinds(config, num_layers))
     elif "use_sliding_window" in config:
         full_layers = min(optional_int(config, "max_window_layers") or 0, num_layers)
         count = num_layers - full_layers if config["use_sliding_window"] else 0
@@ -122,16 +121,17 @@ def load_geometry(model: str) -> ModelGeometry:
 
     A name or a Hub id whose config ships with snapeval is read offline; any other Hub id is fetched.
     """
-    source = model_source(model)
+    name = model_aliases().get(model, model)
+    source = model_source(name)
     if source is not None:
-        return _geometry_of_source(source, name=model)
+        return _geometry_of_source(source, name=name)
     path = Path(model).expanduser()
     if path.exists() or path.suffix == ".json" or model.startswith((".", "/", "~")):
         return _local_geometry(path, name=model)
     if "/" in model:
         return _geometry_of_source(model, name=model)
     raise SnapevalError(
-        f"unknown model {model!r}; choose one of {', '.join(model_names())} (conf/model), "
+        f"unknown model {model!r}; choose one of {known_names()}; "
         "or pass a local config.json path or a Hugging Face Hub id",
         "model",
     )
@@ -178,7 +178,7 @@ def _load_from_hub(repo_id: str, name: str) -> ModelGeometry:
     try:
         config = AutoConfig.from_pretrained(repo_id)
     except (OSError, ValueError) as exc:
-        choices = f"pass a local config.json path or a conf/model name ({', '.join(model_names())})"
+        choices = f"pass a local config.json path or a model name: {known_names()}"
         if _caused_by(exc, LocalEntryNotFoundError):
             reason = f"the Hugging Face Hub is unreachable and {repo_id!r} is not in the local cache"
         else:

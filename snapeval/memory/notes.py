@@ -26,7 +26,10 @@ def estimate_notes(
     weights_per_socket: int,
 ) -> tuple[str, ...]:
     """One sentence per assumption or caveat of the estimate."""
-    notes = [kv_layout_note(geometry, hardware, tp)] if tp > 1 else []
+    beyond = geometry.max_positions is not None and context > geometry.max_positions
+    notes = [positions_note(geometry, context)] if beyond else []
+    if tp > 1:
+        notes.append(kv_layout_note(geometry, hardware, tp))
     if geometry.num_sliding_layers:
         notes.append(
             f"{geometry.num_sliding_layers} of {geometry.num_layers} layers use sliding-window attention: "
@@ -45,6 +48,15 @@ def estimate_notes(
         notes.append(f"assumes {fraction} of the {onchip.label} can hold KV (onchip_kv_fraction)")
     notes.append(UNITS_NOTE)
     return tuple(notes)
+
+
+def positions_note(geometry: ModelGeometry, context: int) -> str:
+    """A context longer than the model's positions: the bytes are right, whether the model runs so long
+    is another matter."""
+    return (
+        f"context: {context:,} tokens exceed the model's {geometry.max_positions:,} positions "
+        "(max_position_embeddings): it runs that long only with rope scaling, if at all"
+    )
 
 
 def kv_layout_note(geometry: ModelGeometry, hardware: HardwareProfile, tp: int) -> str:

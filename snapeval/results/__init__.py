@@ -18,19 +18,38 @@ The package is split by concern: :mod:`~snapeval.results.schema` (tables),
 :mod:`~snapeval.results.summary` (accuracy and speed per experiment).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from snapeval.results.connect import DB_ENV_VAR, DEFAULT_DB, database_url, sqlite_path
 from snapeval.results.identity import ALIASES, UNHASHED, config_hash, flatten, identity, stored_config
 from snapeval.results.leases import DEFAULT_LEASE_S
 from snapeval.results.schema import RUN_STATUSES, RunStatus
 from snapeval.results.store import ResultsDB, load, load_memory
-from snapeval.results.summary import (
-    config_columns,
-    experiment_keys,
-    hashable,
-    summarize,
-    summary_of,
-    trace_summary,
-)
+
+if TYPE_CHECKING:
+    from snapeval.results.summary import (
+        config_columns,
+        experiment_keys,
+        hashable,
+        summarize,
+        summary_of,
+        trace_summary,
+    )
+
+_SUMMARY = ("config_columns", "experiment_keys", "hashable", "summarize", "summary_of", "trace_summary")
+
+
+def __getattr__(name: str) -> Any:
+    """The summary's functions, imported on first use: they need pandas and scipy, which opening a
+    database (or refusing one, before a run starts) does not."""
+    if name in _SUMMARY:
+        from snapeval.results import summary
+
+        return getattr(summary, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ALIASES",

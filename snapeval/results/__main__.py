@@ -8,7 +8,8 @@ dropped by the legacy-key table, :mod:`snapeval.configs.legacy`; runs and sample
 runs resume without recomputation.
 
 The database is ``--db`` (a path or SQLAlchemy URL), else ``$SNAPEVAL_DB``, else
-``results/snapeval.sqlite`` in the current directory.
+``results/snapeval.sqlite`` in the current directory: the same precedence as ``run.db`` of
+``python -m snapeval``. ``export --csv -`` writes the CSV to standard output.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from snapeval.results import summarize
 from snapeval.results.leases import needing_attention
 from snapeval.tables import render, summary_table
 
+STDOUT = "-"  # --csv -: the CSV on standard output
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -34,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     summary = commands.add_parser("summary", help="print accuracy, KV size and speed per experiment")
     export = commands.add_parser("export", help="write one row per sample to a CSV file")
-    export.add_argument("--csv", required=True, type=Path, help="output file")
+    export.add_argument("--csv", required=True, type=Path, help="output file (-: standard output)")
     migrate = commands.add_parser("migrate", help="re-key runs stored by an older snapeval so they resume")
     for command in (summary, export, migrate):
         add_db_option(command)
@@ -65,10 +68,14 @@ def _runs_table(states: list[dict]) -> list[dict]:
 
 
 def _export(df: pd.DataFrame, path: Path) -> None:
-    """Write ``df`` as CSV, with lists and dicts (targets, extras) as JSON."""
+    """Write ``df`` as CSV, with lists and dicts (targets, extras) as JSON; to standard output (the CSV
+    alone) for ``-``."""
+    cells = df.map(lambda value: json.dumps(value) if isinstance(value, dict | list) else value)
+    if str(path) == STDOUT:
+        cells.to_csv(sys.stdout, index=False)
+        return
     if path.is_dir():
         raise SnapevalError(f"{path} is a directory; give a file name (say {path / 'samples.csv'})", "--csv")
-    cells = df.map(lambda value: json.dumps(value) if isinstance(value, dict | list) else value)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         cells.to_csv(path, index=False)

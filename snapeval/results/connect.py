@@ -4,6 +4,11 @@
 SQLite runs in WAL mode with a busy timeout, so that several local workers (a Hydra multirun with the
 joblib launcher) write to one file at once. ``postgresql://`` URLs use psycopg 3, shipped with
 ``pip install "snapeval[cluster]"``.
+
+Which database: the one named on the command line (``run.db=...``, ``--db``), else ``$SNAPEVAL_DB``, else
+``results/snapeval.sqlite``, for every command alike. A database is written only when it is snapeval's
+(:func:`check_ours`: no tables yet, or snapeval's tables with their columns): another program's database
+is refused and left as it is, and so is an in-memory one, whose results would be lost.
 """
 
 from __future__ import annotations
@@ -18,12 +23,12 @@ from sqlalchemy import Engine, create_engine, delete, event, false, inspect, mak
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from snapeval.configs.root import RunConfig
+from snapeval.configs import root
 from snapeval.errors import SnapevalError
-from snapeval.results.schema import memory_estimates, metadata, runs
+from snapeval.results.schema import memory_estimates, metadata, required_columns, runs, samples
 
-DEFAULT_DB = Path(RunConfig.db)  # run.db's default
-DB_ENV_VAR = "SNAPEVAL_DB"
+DEFAULT_DB = Path(root.DEFAULT_DB)  # run.db's default without $SNAPEVAL_DB
+DB_ENV_VAR = root.DB_ENV_VAR
 BUSY_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 10
 SUPPORTED_DIALECTS = ("sqlite", "postgresql")
@@ -34,7 +39,7 @@ SCHEMA_LOCK = 0x5EA1  # the PostgreSQL advisory lock under which workers create 
 
 def database_url(url_or_path: str | os.PathLike[str] | None = None) -> str:
     """A SQLAlchemy URL as is (``postgresql://`` with the psycopg 3 driver); a plain path as SQLite there;
-    None as ``$SNAPEVAL_DB`` or the default."""
+    None (nothing on the command line) as ``$SNAPEVAL_DB``, else the default."""
     if url_or_path is None:
         url_or_path = os.environ.get(DB_ENV_VAR, DEFAULT_DB)
     url = os.fspath(url_or_path)
@@ -59,10 +64,11 @@ def open_engine(url: str, *, must_exist: bool = False, writable: bool = True, fi
         parsed = make_url(url)
     except ArgumentError:
         raise SnapevalError(f"not a database URL or path: {url!r}", field) from None
-    if parsed.get_backend_name() not in SUPPORTED_DIALECTS:
-        raise SnapevalError(
-            f"unsupported database {parsed.get_backend_name()!r}; use a SQLite path or postgresql://", field
-        )
+    backend = parsed.get_backend_name()
+    if backend not in SUPPORTED_DIALECTS:
+        raise SnapevalError(f"unsupported database {backend!r}; use a SQLite path or postgresql://", field)
+    if backend == "sqlite" and _in_memory(parsed):
+        raise SnapevalError(_in_memory_message(url), field)
     path = sqlite_path(url)
     try:
         if path is not None:
@@ -70,9 +76,15 @@ def open_engine(url: str, *, must_exist: bool = False, writable: bool = True, fi
     except OSError as exc:  # a name too long, a parent that is a file, no permission
         raise SnapevalError(f"cannot use {_short(path)}: {exc.strerror or exc}", field) from None
     try:
-        engine = _engine(url, parsed.get_backend_name(), writable)
-        if not writable and not inspect(engine).has_table(runs.name):  # reading never creates tables
-            raise SnapevalError(f"{_short(path or _shown(parsed))} holds no snapeval results", field)
+        reader = _engine(url, backend, writable=False)  # nothing changes (not even WAL) before the check
+        try:
+            check_ours(reader, _short(path or _shown(parsed)), writable, field)
+        except BaseException:
+            reader.dispose()
+            raise
+        if writable:
+            reader.dispose()
+        engine = _engine(url, backend) if writable else reader
         create_schema(engine)
         if writable:
             with engine.begin() as conn:  # a write that changes nothing: refused by a read-only database
@@ -86,6 +98,55 @@ def open_engine(url: str, *, must_exist: bool = False, writable: bool = True, fi
     except DBAPIError as exc:
         raise SnapevalError(f"cannot use {path or _shown(parsed)}: {_reason(exc)}", field) from None
     return engine
+
+
+def check_ours(engine: Engine, where: str, writable: bool = True, field: str = FIELD) -> None:
+    """Refuse, before anything in it changes, a database that is not snapeval's: one with a table of
+    snapeval's name that lacks the columns snapeval cannot add (:func:`required_columns`), or with other
+    tables and not snapeval's runs and samples. A database with no tables yet is snapeval's to write (not
+    to read), and so is one with only some of snapeval's tables (being created by another worker)."""
+    inspector = inspect(engine)
+    tables = sorted(name for name in inspector.get_table_names() if not name.startswith("sqlite_"))
+    ours = {table.name: table for table in metadata.sorted_tables}
+    for name in (name for name in tables if name in ours):
+        have = {column["name"] for column in inspector.get_columns(name)}
+        if missing := [column for column in required_columns(ours[name]) if column not in have]:
+            raise SnapevalError(
+                f"{where} is not a snapeval database: its {name} table lacks snapeval's columns "
+                f"{', '.join(missing)} (left as it is; give a new file)",
+                field,
+            )
+    others = [name for name in tables if name not in ours]
+    if others and not {runs.name, samples.name} <= set(tables):
+        raise SnapevalError(
+            f"{where} holds no snapeval results but another program's tables ({_listed(others)}); "
+            "left as it is: give a new file or a snapeval database",
+            field,
+        )
+    if not writable and runs.name not in tables:  # reading never creates tables
+        raise SnapevalError(f"{where} holds no snapeval results", field)
+
+
+def _listed(names: list[str], shown: int = 5) -> str:
+    """The first ``shown`` names, and how many more."""
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(name[:60] for name in names[:shown]) + more
+
+
+def _in_memory(parsed: Any) -> bool:
+    """An in-memory SQLite database: no file name, ``:memory:``, or a ``mode=memory`` URI."""
+    database = (parsed.database or "").removeprefix("file:")
+    return database in ("", ":memory:") or parsed.query.get("mode") == "memory"
+
+
+def _in_memory_message(url: str) -> str:
+    """Why an in-memory database is refused, naming ``$SNAPEVAL_DB`` when the value came from it."""
+    env = os.environ.get(DB_ENV_VAR)
+    source = f" (from ${DB_ENV_VAR})" if env is not None and database_url(env) == url else ""
+    return (
+        f"{_short(url)}{source} is an in-memory SQLite database (so are an empty value and :memory:): "
+        "every result would be lost when the command ends; give a file path or a server URL"
+    )
 
 
 def _check_file(path: Path, must_exist: bool, writable: bool, field: str) -> None:

@@ -93,3 +93,9 @@ memory_estimates = Table(
     Column("estimate", JSON(none_as_null=True), nullable=False),
     Column("estimated_at", DateTime(timezone=True), nullable=False),
 )
+
+
+def required_columns(table: Table) -> list[str]:
+    """The columns of ``table`` that every snapeval database has had: the NOT NULL ones, which a table
+    created by an older snapeval already had (newer columns are nullable, added by ``create_schema``)."""
+    return [column.name for column in table.columns if not column.nullable]

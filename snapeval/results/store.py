@@ -7,9 +7,8 @@ import os
 import socket
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -24,6 +23,9 @@ from snapeval.results.identity import (
 )
 from snapeval.results.leases import DEFAULT_LEASE_S, STALE_ERROR, expiry, run_state, utcnow, worker_gone
 from snapeval.results.schema import RunStatus, claims, memory_estimates, runs, samples
+
+if TYPE_CHECKING:  # pandas loads with the first DataFrame: opening a database (or refusing one) is faster
+    import pandas as pd
 
 #: The supported databases, with their INSERT that can skip or replace a row already stored.
 _INSERT_ON_CONFLICT = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
@@ -222,6 +224,8 @@ class ResultsDB:
 
     def dataframe(self) -> pd.DataFrame:
         """One row per sample: its run's flattened config and provenance, then the sample's columns."""
+        import pandas as pd
+
         run_query = select(runs.c.id, runs.c.git_sha, runs.c.status, runs.c.created_at, runs.c.config)
         with self.engine.connect() as conn:
             run_columns = {run.id: _run_columns(run) for run in conn.execute(run_query).mappings()}
@@ -245,6 +249,8 @@ class ResultsDB:
 
     def memory_dataframe(self) -> pd.DataFrame:
         """One row per memory estimate: the estimate's columns, its config hash and when it was made."""
+        import pandas as pd
+
         query = select(memory_estimates).order_by(memory_estimates.c.id)
         with self.engine.connect() as conn:
             stored = conn.execute(query).mappings().all()

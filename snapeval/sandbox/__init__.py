@@ -14,7 +14,8 @@ the program also runs
 * as a uid of its own when the harness runs as root, so that its process limit is its own (the
   kernel exempts root from it, and counts it per uid).
 
-Modules: :mod:`~snapeval.sandbox.limits` (what a run may use), :mod:`~snapeval.sandbox.probe` (which
+Modules: :mod:`~snapeval.sandbox.limits` (what a run may use, and the floors a config's limits are
+held to), :mod:`~snapeval.sandbox.probe` (which
 isolation works here), :mod:`~snapeval.sandbox.execution` (one run: its folder, launch and result),
 :mod:`~snapeval.sandbox.processes` (waiting and killing), :mod:`~snapeval.sandbox.cgroups` (a memory
 cap for all of a run's processes), :mod:`~snapeval.sandbox.root` (the paths of its root) and
@@ -22,7 +23,7 @@ cap for all of a run's processes), :mod:`~snapeval.sandbox.root` (the paths of i
 """
 
 from snapeval.sandbox.execution import ExecutionResult, Isolation, execute
-from snapeval.sandbox.limits import DEFAULT_LIMITS, SandboxLimits
+from snapeval.sandbox.limits import DEFAULT_LIMITS, SandboxLimits, limits_from_config
 from snapeval.sandbox.probe import UNSAFE_ENV, isolation
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "Isolation",
     "SandboxLimits",
     "isolation",
+    "limits_from_config",
     "run_program",
 ]
 

@@ -4,16 +4,21 @@ Data: the Hub (``HuggingFaceH4/aime_2024``), ``$SNAPEVAL_DATA_DIR/aime24/test.js
 ``task.metadata.data_path``. ``task.scorer``: ``qwen_math`` (Qwen2.5-Math's grader, the reference),
 ``math_verify`` or ``lm_eval`` (:mod:`snapeval.tasks.aime_scorers`). Option ``answer_from``:
 ``response`` (the whole output, as every official scorer reads it) or ``after_reasoning`` (the text
-after ``</think>``).
+after ``</think>``). A row's gold ``answer`` is an AIME answer, an integer 0-999 (or its digits, "025");
+any other row is refused when the data is read, never scored 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from snapeval.errors import SnapevalError
+from snapeval.tasks import qwen_math_grader
 from snapeval.tasks.aime_scorers import SCORERS
-from snapeval.tasks.base import DataSource, Task, answer_part, load_rows
+from snapeval.tasks.base import DataSource, Task, answer_part, short_repr
 
 AIME24 = DataSource(
     name="AIME 2024",
@@ -41,6 +46,15 @@ def score(output: str, gold: str, scorer: str = "qwen_math", answer_from: str = 
     return {"acc": int(SCORERS[scorer](answer_part(output, answer_from), gold))}
 
 
+def gold_problem(answer: Any) -> str | None:
+    """Why ``answer`` is no AIME gold answer (None: an integer 0-999, or a string of 1-3 digits)."""
+    if isinstance(answer, numbers.Integral) and not isinstance(answer, bool) and 0 <= int(answer) <= 999:
+        return None
+    if isinstance(answer, str) and re.fullmatch(r"[0-9]{1,3}", answer):
+        return None
+    return f"answer must be an integer 0-999 or a string of one (AIME), got {short_repr(answer)}"
+
+
 def pass_at_1(accs: Sequence[Sequence[float]]) -> float:
     """pass@1 over problems: each problem's mean accuracy over its samples, averaged."""
     if not accs or any(not samples for samples in accs):
@@ -55,6 +69,7 @@ class Aime24(Task):
     metrics = ("acc",)
     options = {"answer_from": ("response", "after_reasoning")}
     id_field = "id"
+    source = AIME24
 
     def __init__(self, cfg, seed: int = 0, limit: int | None = None) -> None:
         super().__init__(cfg, seed, limit)
@@ -62,9 +77,14 @@ class Aime24(Task):
         if self.scorer not in SCORERS:
             message = f"unknown scorer {self.scorer!r}; choose one of {', '.join(SCORERS)}"
             raise SnapevalError(message, "task.scorer")
+        # Qwen2.5-Math's grader deviates in its parsers whatever the preset (README "Protocols")
+        self.deviations = qwen_math_grader.DEVIATIONS if self.scorer == "qwen_math" else ()
 
     def rows(self, tokenizer=None) -> list[dict]:
-        return load_rows(AIME24, self.metadata.get("data_path"))
+        return self.data_rows()
+
+    def row_problem(self, row: Mapping[str, Any]) -> str | None:
+        return gold_problem(row["answer"])
 
     def user_text(self, row) -> str:
         return build_prompt(row["problem"])

@@ -9,7 +9,9 @@ are generated from both (:mod:`snapeval.tasks.lm_eval_export`). Tasks know nothi
 Rows come from a local file or folder, ``$SNAPEVAL_DATA_DIR`` or the Hugging Face Hub (:func:`load_rows`),
 in this order: an explicit ``data_path`` (a .jsonl/.json/.parquet file, or a folder holding one), then
 ``$SNAPEVAL_DATA_DIR/<relative path>`` (laid out like the project's shared data: ``aime24/test.jsonl``,
-...), then the Hub dataset id. Bad rows stop with the file and line named.
+...), then the Hub dataset id. A local file must be a regular file of at most :data:`MAX_DATA_BYTES`
+(checked before it is opened: a FIFO would block, a device never end). Bad rows stop with the file and
+line (or row and id) named: a missing field, a repeated id, a value the task cannot score.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from snapeval.configs.task import task_defaults
 from snapeval.errors import SnapevalError
+from snapeval.tasks.hub import DATA_DIR_ENV, DATA_PATH_FIELD, DataSource, read_hub
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -34,9 +38,14 @@ RAW_ROLE = "raw"
 """The role of a message that is the whole prompt text, special tokens included, which the model reads as
 it is (no chat template): a prompt an official harness writes out in full (LiveCodeBench's styles)."""
 ANSWER_FROM = ("response", "after_reasoning")
-DATA_DIR_ENV = "SNAPEVAL_DATA_DIR"
-DATA_PATH_FIELD = "task.metadata.data_path"  # where a Hydra run sets the local file or folder
 SUFFIXES = (".jsonl", ".json", ".parquet")
+MAX_DATA_BYTES = 2 << 30
+"""The largest local data file read (2 GiB): a file is read whole into memory (the shared data's largest,
+LongBench-v2's, is 19 MB)."""
+MAX_CHARS_PER_TOKEN = 256
+"""A bound on the characters one token holds, for refusing a row too long for the window before
+tokenizing it: SmolLM2's longest token has 81; byte-level BPE vocabularies keep theirs far below 256."""
+_FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
 
 def after_reasoning(text: str) -> str:
@@ -106,6 +115,9 @@ class Task(ABC):
     ``options`` (``task.metadata`` switches and their choices, the default first), an optional
     ``system_message`` and the row field that ids a sample (``id_field``; else its index), and
     implements :meth:`rows`, :meth:`user_text` and :meth:`score_row` (and :meth:`target` if it has one).
+    A task read from data declares its ``source`` and reads it with :meth:`data_rows`, which refuses a
+    row :meth:`row_problem` finds unfit; ``deviations`` names the README "Protocols" deviations its
+    scoring has under any preset (stored with every row it scores).
     """
 
     names: ClassVar[tuple[str, ...]]
@@ -114,6 +126,8 @@ class Task(ABC):
     system_message: ClassVar[str | None] = None
     id_field: ClassVar[str | None] = None
     needs_tokenizer: ClassVar[bool] = False  # rows are generated with the model's tokenizer
+    source: ClassVar[DataSource | None] = None
+    deviations: tuple[str, ...] = ()
 
     def __init__(self, cfg: Mapping[str, Any], seed: int = 0, limit: int | None = None) -> None:
         defaults = task_defaults(cfg["name"])
@@ -148,6 +162,35 @@ class Task(ABC):
     def target(self, row: Mapping[str, Any]) -> Any:
         """The reference answer stored with a sample (None where the score is not a comparison)."""
         return None
+
+    def data_rows(self, source: DataSource | None = None) -> list[dict[str, Any]]:
+        """The rows of ``source`` (by default :attr:`source`), each with its id once and fit to score."""
+        source = source or self.source
+        if source is None:
+            raise TypeError(f"{type(self).__name__} declares no data source")
+        return load_rows(source, self.metadata.get("data_path"), self.id_field, self.row_problem)
+
+    def row_problem(self, row: Mapping[str, Any]) -> str | None:
+        """What makes ``row`` unfit for this task, naming its field (None: fine)."""
+        return None
+
+    def check_fits(self, rows: Sequence[Mapping[str, Any]], window: int) -> None:
+        """Refuse a prompt with more characters than the tokens ``window`` leaves it can hold
+        (:data:`MAX_CHARS_PER_TOKEN` each), before any tokenizer reads it, where it would be refused."""
+        room = window - self.max_new_tokens
+        if self.truncation == "middle" or self.max_prompt_tokens or self.needs_tokenizer or room <= 0:
+            return
+        for index, row in enumerate(rows, start=1):
+            chars = sum(len(message["content"]) for message in self.messages(row))
+            if chars > room * MAX_CHARS_PER_TOKEN:
+                row_id = f" ({self.id_field} {short_repr(row.get(self.id_field))})" if self.id_field else ""
+                left = f"model.max_context {window} - task.max_new_tokens {self.max_new_tokens}"
+                raise SnapevalError(
+                    f"row {index}{row_id}: its prompt has {chars:,} characters, more than the {room:,} "
+                    f"tokens of {left} hold ({MAX_CHARS_PER_TOKEN} a token at most); shorten it or set "
+                    "task.truncation=middle",
+                    DATA_PATH_FIELD,
+                )
 
     def prompt_metadata(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """What a sample stores about its row beyond id and target."""
@@ -185,33 +228,40 @@ def metadata_choice(metadata: Mapping[str, Any], key: str, choices: tuple[str, .
     return value
 
 
-@dataclass(frozen=True)
-class DataSource:
-    """Where a benchmark's rows live: its Hub id/split, its path under the data dir, required fields."""
-
-    name: str
-    hub_id: str
-    hub_split: str
-    local_path: str
-    required: tuple[str, ...]
-    hub_config: str | None = None
-    hub_data_files: tuple[str, ...] = ()  # files of the Hub dataset read as JSON lines, when given
-
-
-def load_rows(source: DataSource, data_path: str | None = None) -> list[dict[str, Any]]:
-    """All rows of ``source``, checked for its required fields."""
+def load_rows(
+    source: DataSource,
+    data_path: str | None = None,
+    id_field: str | None = None,
+    problem: Callable[[Mapping[str, Any]], str | None] | None = None,
+) -> list[dict[str, Any]]:
+    """All rows of ``source``, checked for its required fields; with ``id_field``, each holds an id no
+    other row has; with ``problem``, a row it finds unfit (its answer: what is wrong) is refused."""
     path = local_file(source, data_path)
-    rows = _read_file(path) if path else _read_hub(source)
+    rows = _read_file(path) if path else read_hub(source)
     where = str(path) if path else source.hub_id
     if not rows:
         raise SnapevalError(f"{where} holds no rows", DATA_PATH_FIELD)
+    required = tuple(dict.fromkeys((*source.required, *([id_field] if id_field else []))))
+    first: dict[str, int] = {}
     for index, row in enumerate(rows, start=1):
-        missing = [field for field in source.required if field not in row]
+        missing = [field for field in required if field not in row]
         if missing:
             raise SnapevalError(
                 f"{where}, row {index}: missing field(s) {', '.join(missing)}", DATA_PATH_FIELD
             )
+        row_id = f" ({id_field} {short_repr(row[id_field])})" if id_field else ""
+        if id_field and first.setdefault(str(row[id_field]), index) != index:
+            message = f"{where}, rows {first[str(row[id_field])]} and {index} have the same {row_id[2:-1]}"
+            raise SnapevalError(f"{message}: each problem must be listed once", DATA_PATH_FIELD)
+        if problem and (wrong := problem(row)):
+            raise SnapevalError(f"{where}, row {index}{row_id}: {wrong}", DATA_PATH_FIELD)
     return rows
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a hostile row may hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def local_file(source: DataSource, data_path: str | None) -> Path | None:
@@ -220,14 +270,29 @@ def local_file(source: DataSource, data_path: str | None) -> Path | None:
         path = Path(data_path).expanduser()
         if not path.exists():
             raise SnapevalError(f"{path} does not exist", DATA_PATH_FIELD)
-        return _single_file(path) if path.is_dir() else path
+        return _regular_file(_single_file(path) if path.is_dir() else path)
     data_dir = os.environ.get(DATA_DIR_ENV)
     if data_dir:
         path = Path(data_dir).expanduser() / source.local_path
         if not path.exists():
             raise SnapevalError(f"${DATA_DIR_ENV} is set but {path} does not exist", DATA_PATH_FIELD)
-        return path
+        return _regular_file(path)
     return None
+
+
+def _regular_file(path: Path) -> Path:
+    """``path``, a regular file of at most :data:`MAX_DATA_BYTES`, judged without opening it."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise SnapevalError(f"{path}: cannot read ({exc.strerror or exc})", DATA_PATH_FIELD) from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = _FILE_KINDS.get(stat.S_IFMT(info.st_mode), "a socket or another special file")
+        raise SnapevalError(f"{path} is not a regular file but {kind}", DATA_PATH_FIELD)
+    if info.st_size > MAX_DATA_BYTES:
+        limit = f"the {MAX_DATA_BYTES >> 30} GiB a data file may have"
+        raise SnapevalError(f"{path} has {info.st_size:,} bytes, over {limit}", DATA_PATH_FIELD)
+    return path
 
 
 def _single_file(folder: Path) -> Path:
@@ -280,20 +345,3 @@ def _as_rows(rows: Any, path: Path) -> list[dict[str, Any]]:
     if not isinstance(rows, Sequence) or not all(isinstance(row, dict) for row in rows):
         raise SnapevalError(f"{path}: expected a JSON list of objects", DATA_PATH_FIELD)
     return list(rows)
-
-
-def _read_hub(source: DataSource) -> list[dict[str, Any]]:
-    import datasets
-
-    try:
-        if source.hub_data_files:
-            dataset = datasets.load_dataset("json", data_files=list(source.hub_data_files), split="train")
-        else:
-            dataset = datasets.load_dataset(source.hub_id, source.hub_config, split=source.hub_split)
-    except Exception as exc:  # the Hub client raises many types; all mean "not reachable / not found"
-        raise SnapevalError(
-            f"could not load {source.name} from the Hugging Face Hub ({source.hub_id}): "
-            f"{type(exc).__name__}. Offline? Set ${DATA_DIR_ENV} or {DATA_PATH_FIELD} to a local copy.",
-            DATA_PATH_FIELD,
-        ) from None
-    return [dict(row) for row in dataset]

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from snapeval.tasks.base import DataSource, Task, answer_part, load_rows
+from snapeval.tasks.base import DataSource, Task, answer_part
 
 LONGBENCH_V2 = DataSource(
     name="LongBench-v2",
@@ -110,9 +110,10 @@ class LongBenchV2(Task):
     metrics = ("acc", "acc_easy", "acc_hard", "acc_short", "acc_medium", "acc_long")
     options = {"answer_from": ("response", "after_reasoning")}
     id_field = "_id"
+    source = LONGBENCH_V2
 
     def rows(self, tokenizer=None) -> list[dict]:
-        return load_rows(LONGBENCH_V2, self.metadata.get("data_path"))
+        return self.data_rows()
 
     def user_text(self, row) -> str:
         return build_prompt(row, cot=bool(self.config.get("cot")))

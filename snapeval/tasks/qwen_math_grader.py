@@ -4,11 +4,11 @@ verdict for verdict: the answer its ``extract_answer`` reads for ``aime24`` (aft
 as ``run_execute`` does, then ``math_equal`` against the normalized gold: equal text, equal numbers
 (within 1e-4 relative, also read as a percentage), else equal sympy expressions.
 
-Two choices of ours: LaTeX is parsed by ``latex2sympy2_extended`` (math-verify's parser, a dependency)
-where the original tries sympy's ANTLR ``parse_latex`` then ``latex2sympy2``; and sympy's
-``parse_expr`` and ``N`` (which run ``eval`` on text) see only plain arithmetic
-(:func:`_plain_math`), never model-written names or calls. ``tests/data/aime_probes.json`` holds
-the original's verdicts that the tests check.
+Two choices of ours (:data:`DEVIATIONS`, README "Protocols"): LaTeX is parsed by math-verify's
+``latex2sympy2_extended`` where the original tries sympy's ANTLR ``parse_latex`` (its antlr4 runtime is
+not Hydra's) then ``latex2sympy2``, keeping two of ``parse_latex``'s readings (:func:`_latex`); and
+sympy's ``parse_expr`` and ``N`` (which ``eval`` text) see only plain arithmetic (:func:`_plain_math`).
+``tests/data/aime_probes.json`` holds the original's verdicts that the tests check.
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ UNIT_PATTERNS = [re.compile(r"(^|\W)" + unit + r"($|\W)") for unit in _UNITS + [
 _PREFIXES = ("x=", "y=", "z=", "x\\in", "y\\in", "z\\in", "x\\to", "y\\to", "z\\to")
 TIMEOUT_S = 3.0  # evaluate.py's ProcessPool(...).map(math_equal_process, params, timeout=3)
 _PLAIN_NAMES = frozenset({"sqrt", "pi", "exp", "log", "sin", "cos", "tan", "E", "I", "oo"})
+DEVIATIONS = ("qwen_math_latex_parser", "qwen_math_plain_eval")  # README "Protocols", under any preset
+# sympy's LaTeX grammar skips spacing (the digits around it join: 7\,3 is 73) and reads formatting
+# commands that latex2sympy2_extended drops as a symbol's name (\textbf{73} is no number).
+_SKIPPED = re.compile(r"\\(?:[,:;!]|(?:neg)?(?:thin|med|thick)space|q?quad(?![a-zA-Z]))")
+_SYMBOLS = re.compile(r"\\(?:text(?:bf|it|rm|normal)|math(?:rm|it)|displaystyle|boxed|fbox)(?![a-zA-Z])")
 
 
 def score(output: str, gold: str, timeout_s: float = TIMEOUT_S) -> bool:
@@ -98,13 +103,7 @@ def extract_answer(text: str) -> str:
         numbers = re.findall(r"-?\d*\.?\d+", text.replace(",", ""))
         pred = numbers[-1] if numbers else ""
     pred = re.sub(r"\n\s*", "", pred)
-    if pred[:1] == ":":
-        pred = pred[1:]
-    if pred[-1:] == ".":
-        pred = pred[:-1]
-    if pred[-1:] == "/":
-        pred = pred[:-1]
-    return strip_string(pred)
+    return strip_string(pred.removeprefix(":").removesuffix(".").removesuffix("/"))
 
 
 def _braced(text: str) -> str:
@@ -297,8 +296,15 @@ def _plain_math(text: str) -> bool:
     return all(len(name) == 1 or name in _PLAIN_NAMES for name in re.findall(r"[A-Za-z_]\w*", text))
 
 
+def _latex(text: str) -> object:
+    """``text`` by latex2sympy2_extended, read as ``parse_latex`` reads spacing and formatting commands."""
+    if _SYMBOLS.search(text):
+        raise ValueError("sympy's parse_latex reads this command as a symbol")
+    return latex2sympy(_SKIPPED.sub("", text))
+
+
 def _parse(text: str) -> object:
-    for parser in (latex2sympy, parse_expr):
+    for parser in (_latex, parse_expr):
         for candidate in (text.replace("\\\\", "\\"), text):
             if parser is parse_expr and not _plain_math(candidate):
                 continue

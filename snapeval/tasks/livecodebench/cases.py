@@ -1,4 +1,6 @@
-"""A problem's test cases, as the Hub stores them (private ones compressed and pickled)."""
+"""A problem's test cases, as the Hub stores them (private ones compressed and pickled), and what makes a
+row's tests unusable (:func:`tests_problem`), found when the data is read rather than when a program is
+graded."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+TEST_FIELDS = ("public_test_cases", "private_test_cases")
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,49 @@ def parse_tests(row: Mapping[str, Any]) -> list[CodeTest]:
     the Hub."""
     tests = _decode_tests(row["public_test_cases"]) + _decode_tests(row.get("private_test_cases") or "[]")
     return [CodeTest(test["input"], test["output"]) for test in tests]
+
+
+def tests_problem(row: Mapping[str, Any]) -> str | None:
+    """What makes ``row``'s tests unusable, naming the field (None: at least one test, each with input and
+    output text; a functional problem's outputs JSON; ``metadata`` a JSON object)."""
+    try:
+        metadata = json.loads(row.get("metadata") or "{}")
+    except (TypeError, ValueError, RecursionError):
+        metadata = None
+    if not isinstance(metadata, dict):
+        return "metadata: must be a JSON object (with func_name for a functional problem)"
+    count = 0
+    for name in TEST_FIELDS:
+        if name not in row or (name == "private_test_cases" and not row[name]):
+            continue
+        try:
+            tests = _decode_tests(row[name])
+        except Exception as exc:  # noqa: BLE001 - json, base64, zlib and pickle each raise their own
+            kind = type(exc).__name__
+            kind = f"{type(exc).__module__}.{kind}" if kind.lower() == "error" else kind  # binascii, zlib
+            reason = " ".join(f"{kind}: {exc}".split())[:120]
+            return f"{name}: neither a JSON list of tests nor the Hub's compressed one ({reason})"
+        if not isinstance(tests, list) or not all(_is_test(test) for test in tests):
+            return f"{name}: must be a list of tests, each with input and output strings"
+        for number, test in enumerate(tests, start=1):
+            if metadata.get("func_name") and not _is_json(test["output"]):
+                return f"{name}: test {number}'s output is not JSON (a functional problem's result)"
+        count += len(tests)
+    return None if count else f"{' and '.join(TEST_FIELDS)}: no tests"
+
+
+def _is_test(test: Any) -> bool:
+    return (
+        isinstance(test, dict) and isinstance(test.get("input"), str) and isinstance(test.get("output"), str)
+    )
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 class _NoGlobalsUnpickler(pickle.Unpickler):

@@ -12,7 +12,8 @@ functional problems, the test inputs, the per-test limit) from stdin and grades 
 * each test then runs under its own limit, timing the call only, never the interpreter start-up: a
   stdin program with mocked ``sys.stdin``/``open`` and captured ``sys.stdout`` (``SystemExit`` ends
   the test normally), a functional one called with the test's JSON arguments on one ``Solution``
-  instance;
+  instance; the limit's alarm prints lcb_runner's ``timeout occured`` line into the current stdout
+  before it raises, as lcb_runner's handler does (a stdin program that swallows it fails);
 * it stops at the first test that raises or runs out of time.
 
 The expected outputs never enter the sandbox: each test's outcome (captured stdout, or the returned
@@ -62,6 +63,7 @@ DISABLED = {
 BLOCKED_MODULES = ("ipdb", "joblib", "resource", "psutil", "tkinter")
 NOT_EQUAL = "\x1esnapeval:no-json-equal"  # a JSON object key no benchmark answer holds
 NDARRAY = "\x1esnapeval:ndarray"  # a numpy array's items, compared by the harness as numpy compares
+TIMEOUT_LINE = "timeout occured: alarm went off"  # lcb_runner's timeout_handler prints it, typo included
 
 
 class TimeLimitExceeded(Exception):
@@ -246,6 +248,9 @@ def guard() -> None:
 
 
 def alarm(signum: int, frame: object) -> None:
+    """lcb_runner's ``timeout_handler``: its line goes to the current ``sys.stdout`` (a stdin test's
+    captured output), so a program that swallows the exception and answers still fails there."""
+    print(TIMEOUT_LINE)
     raise TimeLimitExceeded
 
 

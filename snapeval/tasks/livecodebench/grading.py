@@ -18,7 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from snapeval.errors import SnapevalError
 from snapeval.sandbox import DEFAULT_LIMITS, SandboxLimits, run_program
+from snapeval.tasks.hub import DATA_PATH_FIELD
 from snapeval.tasks.livecodebench.cases import parse_tests
 from snapeval.tasks.livecodebench.grader import INT_MAX_STR_DIGITS
 from snapeval.tasks.livecodebench.judging import Verdict, ended_early, judge
@@ -46,8 +48,8 @@ def run_tests(code: str | None, row: Mapping[str, Any], limits: SandboxLimits = 
     ``limits.timeout_s``, the whole run under ``limits.total_timeout_s`` (by default lcb_runner's
     ``(timeout + 1) * tests + 5`` seconds); the verdict is that of the first failing test."""
     tests = parse_tests(row)
-    if not tests:
-        raise ValueError(f"problem {row.get('question_id')} has no tests")
+    if not tests:  # rows read by the task were refused at load (cases.tests_problem); a row built elsewhere
+        raise SnapevalError(f"problem {row.get('question_id')!r} has no tests", DATA_PATH_FIELD)
     if not code:
         return TestReport("no_code", 0, len(tests))
     func_name = json.loads(row.get("metadata") or "{}").get("func_name")

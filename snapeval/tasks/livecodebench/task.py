@@ -9,9 +9,10 @@ from datetime import date, datetime
 from typing import Any
 
 from snapeval.errors import SnapevalError
-from snapeval.sandbox import SandboxLimits
+from snapeval.sandbox import limits_from_config
 from snapeval.stops import cut_at_stop
-from snapeval.tasks.base import DataSource, Task, load_rows, local_file
+from snapeval.tasks.base import DataSource, Task, local_file
+from snapeval.tasks.livecodebench.cases import tests_problem
 from snapeval.tasks.livecodebench.extraction import EXTRACTIONS, extract_code
 from snapeval.tasks.livecodebench.grading import run_tests
 from snapeval.tasks.livecodebench.prompts import STYLES, SYSTEM_MESSAGE, build_messages, generic_question
@@ -54,6 +55,14 @@ def filter_by_date(
     ]
 
 
+def _is_date(value: Any) -> bool:
+    try:
+        _as_datetime(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _as_datetime(value: str | date | None) -> datetime | None:
     if value is None or isinstance(value, datetime):
         return value
@@ -79,6 +88,8 @@ class LiveCodeBench(Task):
     options = {"code_extraction": EXTRACTIONS}
     system_message = SYSTEM_MESSAGE
     id_field = "question_id"
+    source = LIVECODEBENCH
+    deviations = ("json_comparison",)  # a returned value is compared as JSON, whatever the preset
 
     def __init__(self, cfg: Mapping[str, Any], seed: int = 0, limit: int | None = None) -> None:
         super().__init__(cfg, seed, limit)
@@ -90,10 +101,7 @@ class LiveCodeBench(Task):
         if not isinstance(stop, list | tuple) or not all(isinstance(text, str) and text for text in stop):
             raise SnapevalError(f"must be a list of non-empty strings, got {stop!r}", "task.stop")
         self.stop: tuple[str, ...] = tuple(stop)
-        try:
-            self.limits = SandboxLimits(**dict(cfg.get("sandbox") or {}))
-        except TypeError as exc:
-            raise SnapevalError(f"not a SandboxLimits field ({exc})", "task.sandbox") from None
+        self.limits = limits_from_config(cfg.get("sandbox") or {}, "task.sandbox")
 
     def rows(self, tokenizer=None) -> list[dict]:
         release = self.metadata["release"]
@@ -103,12 +111,19 @@ class LiveCodeBench(Task):
             raise SnapevalError(str(exc), "task.metadata.release") from None
         data_path = self.metadata.get("data_path")
         rows = filter_by_date(
-            load_rows(source, data_path), self.metadata.get("start_date"), self.metadata.get("end_date")
+            self.data_rows(source), self.metadata.get("start_date"), self.metadata.get("end_date")
         )
         path = local_file(source, data_path)
         where = f"{path}, a local copy taken whole" if path else f"{source.hub_id} {release}"
         print(f"LiveCodeBench: {len(rows)} problems loaded from {where}", file=sys.stderr)
         return rows
+
+    def row_problem(self, row: Mapping[str, Any]) -> str | None:
+        if (self.metadata.get("start_date") or self.metadata.get("end_date")) and not _is_date(
+            row["contest_date"]
+        ):
+            return f"contest_date: not an ISO date, got {str(row['contest_date'])[:40]!r}"
+        return tests_problem(row)
 
     def user_text(self, row) -> str:
         return generic_question(row)

@@ -1,0 +1,334 @@
+"""Hostile inputs to the results database, the accuracy gate and the memory estimator: each ends in one
+line ``error: <field>: <what>`` with exit code 2 (or does what is documented), and where the input alone
+decides, before torch loads.
+
+In-process through the commands' own entry points (:func:`snapeval.__main__.check_before_hydra`, the
+``main`` of ``snapeval.results``, ``snapeval.gate`` and ``snapeval.memory``); three subprocesses, in which
+``import torch`` fails, show the refusals come before torch. No test loads a model.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from snapeval.__main__ import check_before_hydra
+from snapeval.configs.compose import compose_config
+from snapeval.errors import SnapevalError
+from snapeval.gate import main as gate_main
+from snapeval.memory import estimate, load_geometry, model_names
+from snapeval.memory.catalogue import model_aliases, model_source
+from snapeval.memory.cli import main as memory_main
+from snapeval.memory.point import run_memory_point
+from snapeval.results import DEFAULT_DB, ResultsDB, load_memory
+from snapeval.results.__main__ import main as results_main
+
+BINARY = bytes(range(256)) * 4  # byte 0x80 at offset 128 is the first that is not UTF-8
+IN_MEMORY = "is an in-memory SQLite database (so are an empty value and :memory:): every result would be lost"
+
+
+def front_door(*overrides: str) -> str:
+    """The one-line refusal of ``python -m snapeval <overrides>`` before Hydra starts (no ``error: ``)."""
+    with pytest.raises(SnapevalError) as info:
+        check_before_hydra(list(overrides))
+    assert "\n" not in str(info.value)
+    return str(info.value)
+
+
+def one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The single line a command wrote to stderr, without its newline; nothing on stdout."""
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    return err.removesuffix("\n")
+
+
+def sqlite_file(path: Path, *statements: str) -> Path:
+    with sqlite3.connect(path) as conn:
+        for statement in statements:
+            conn.execute(statement)
+    conn.close()
+    return path
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``folder`` with its bytes and mtime: WAL or journal files left behind show too."""
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def foreign(tmp_path: Path) -> dict[str, Path]:
+    """SQLite files of other programs: one with its own ``runs`` table (and a row), one with ``notes``."""
+    folder = tmp_path / "foreign"
+    folder.mkdir()
+    runs = "CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT)"
+    return {
+        "runs": sqlite_file(folder / "runs.sqlite", runs, "INSERT INTO runs VALUES (1, 'mine')"),
+        "notes": sqlite_file(folder / "notes.sqlite", "CREATE TABLE notes (text TEXT)"),
+    }
+
+
+RUNS_NOT_OURS = (
+    "is not a snapeval database: its runs table lacks snapeval's columns created_at, status, config, "
+    "config_hash (left as it is; give a new file)"
+)
+NOTES_NOT_OURS = (
+    "holds no snapeval results but another program's tables (notes); left as it is: give a new file or "
+    "a snapeval database"
+)
+
+
+# --- 1, 2: another program's SQLite file is refused and left as it is ---------------------------------
+
+
+@pytest.mark.parametrize(("which", "reason"), [("runs", RUNS_NOT_OURS), ("notes", NOTES_NOT_OURS)])
+def test_another_programs_database_is_refused_unchanged(foreign, which, reason, capsys):
+    before = snapshot(foreign["runs"].parent)
+    assert front_door(f"run.db={foreign[which]}") == f"run.db: {foreign[which]} {reason}"
+    for argv in (["summary"], ["migrate"], ["export", "--csv", str(foreign[which]) + ".csv"]):
+        assert results_main([*argv, "--db", str(foreign[which])]) == 2
+        assert one_line(capsys) == f"error: --db: {foreign[which]} {reason}"
+    assert snapshot(foreign["runs"].parent) == before
+
+
+def test_new_empty_old_or_half_made_snapeval_databases_are_used(tmp_path):
+    """A new path, an empty file, snapeval's tables plus one of the user's, an old snapeval database
+    (runs without its newer nullable columns) and one another worker is still creating are snapeval's."""
+    ResultsDB(tmp_path / "new" / "db.sqlite").close()
+    ResultsDB(sqlite_file(tmp_path / "empty.sqlite")).close()
+    with_extra = tmp_path / "extra.sqlite"
+    ResultsDB(with_extra).close()
+    sqlite_file(with_extra, "CREATE TABLE my_notes (text TEXT)")
+    ResultsDB(with_extra).close()
+    old = tmp_path / "old.sqlite"
+    ResultsDB(old).close()
+    sqlite_file(old, "ALTER TABLE runs DROP COLUMN expires_at", "DROP TABLE claims")
+    with ResultsDB(old) as db:  # brought up to date
+        db.finish_run(db.start_run({"model": {"name": "m"}}, "h"))
+    half = tmp_path / "half.sqlite"
+    ResultsDB(half).close()
+    sqlite_file(half, "DROP TABLE samples", "DROP TABLE claims", "DROP TABLE memory_estimates")
+    ResultsDB(half).close()
+
+
+# --- 3: an in-memory database loses every result --------------------------------------------------
+
+
+IN_MEMORY_VALUES = [
+    ("", "sqlite:///"),
+    (":memory:", "sqlite:///:memory:"),
+    ("sqlite://", "sqlite://"),
+    ("sqlite:///:memory:", "sqlite:///:memory:"),
+]
+
+
+@pytest.mark.parametrize(("value", "shown"), IN_MEMORY_VALUES)
+def test_an_in_memory_database_is_refused(value, shown, monkeypatch, capsys):
+    monkeypatch.delenv("SNAPEVAL_DB", raising=False)
+    ending = "when the command ends; give a file path or a server URL"
+    assert front_door(f"run.db={value}") == f"run.db: {shown} {IN_MEMORY} {ending}"
+    assert results_main(["summary", "--db", value]) == 2
+    assert one_line(capsys) == f"error: --db: {shown} {IN_MEMORY} {ending}"
+
+
+def test_an_in_memory_uri_is_refused():
+    uri = "sqlite:///file::memory:?cache=shared&uri=true"
+    with pytest.raises(SnapevalError) as info:
+        ResultsDB(uri)
+    assert str(info.value).startswith(f"run.db: {uri} {IN_MEMORY}")
+
+
+def test_an_empty_snapeval_db_variable_is_named(monkeypatch, capsys):
+    monkeypatch.setenv("SNAPEVAL_DB", "")
+    assert front_door().startswith(f"run.db: sqlite:/// (from $SNAPEVAL_DB) {IN_MEMORY}")
+    assert results_main(["summary"]) == 2
+    assert one_line(capsys).startswith(f"error: --db: sqlite:/// (from $SNAPEVAL_DB) {IN_MEMORY}")
+
+
+# --- 4: one variable, one database, for every command --------------------------------------------------
+
+
+def test_snapeval_db_is_run_db_default_and_the_command_line_beats_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("SNAPEVAL_DB", raising=False)
+    assert compose_config()["run"]["db"] == str(DEFAULT_DB)
+    monkeypatch.setenv("SNAPEVAL_DB", str(tmp_path / "env.sqlite"))
+    assert compose_config()["run"]["db"] == str(tmp_path / "env.sqlite")
+    assert compose_config(f"run.db={tmp_path / 'cli.sqlite'}")["run"]["db"] == str(tmp_path / "cli.sqlite")
+
+
+def test_python_m_snapeval_and_the_reading_commands_share_snapeval_db(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SNAPEVAL_DB", str(tmp_path / "env.sqlite"))
+    memory = ("job=memory", "memory.method=full", "memory.budget=null", "memory.context=1024")
+    run_memory_point(compose_config(*memory))  # what python -m snapeval job=memory runs
+    assert list(load_memory()["context"]) == [1024]  # read back from $SNAPEVAL_DB
+    assert results_main(["summary"]) == 0
+    assert capsys.readouterr().out == "no samples stored yet\n"  # not "no results database"
+    assert not (tmp_path / "results").exists()
+
+
+# --- 5: export --csv - ---------------------------------------------------------------------------------
+
+
+def test_export_to_dash_writes_standard_output(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with ResultsDB(tmp_path / "db.sqlite") as db:
+        run_id = db.start_run(
+            {"model": {"name": "m"}, "task": {"name": "t"}, "cache": {"method": "full"}}, "h"
+        )
+        db.add_sample(run_id, "h", {"sample_id": "0", "output": "o", "score": 1.0})
+    assert results_main(["export", "--db", "db.sqlite", "--csv", "-"]) == 0
+    out, err = capsys.readouterr()
+    header, row, end = out.split("\n")
+    assert "sample_id" in header.split(",") and row.count(",") == header.count(",") and end == ""
+    assert err == "" and not (tmp_path / "-").exists()
+
+
+# --- 6, 7: the gate spec --------------------------------------------------------------------------------
+
+
+def gate_spec(min_retained: object) -> dict:
+    task, cache = ["task=ruler_passkey"], ["cache=snapkv"]
+    return {"name": "g", "task": task, "cache": cache, "min_retained": min_retained, "min_n": 2}
+
+
+def test_a_binary_gate_spec_names_spec(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(BINARY)
+    assert gate_main(["--spec", str(spec), "--db", str(tmp_path / "db.sqlite"), "--no-run"]) == 2
+    line = f"error: --spec: {spec}: not UTF-8 text (byte 0x80 at offset 128): give a YAML gate spec"
+    assert one_line(capsys) == line
+
+
+@pytest.mark.parametrize(("value", "shown"), [(".nan", "nan"), (".inf", "inf"), ("-.inf", "-inf")])
+def test_a_threshold_that_is_not_finite_is_refused(value, shown, tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump([gate_spec(0.8)]).replace("0.8", value))
+    assert gate_main(["--spec", str(spec), "--db", str(tmp_path / "db.sqlite"), "--no-run"]) == 2
+    assert one_line(capsys) == f"error: {spec}[0].min_retained: must be a number >= 0 and finite, got {shown}"
+
+
+# --- 8: a config.json the estimator cannot read ---------------------------------------------------------
+
+CONFIG = {"num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 64, "intermediate_size": 128}
+BAD_CONFIGS = [
+    ("binary", None, "model: {path} is not UTF-8 text (byte 0x80 at offset 128): give a config.json"),
+    (
+        "hidden",
+        {"hidden_size": 4},
+        "hidden_size: 4 is less than num_attention_heads (8): a head of 0 dimensions; set head_dim",
+    ),
+    (
+        "layer_types",
+        {"sliding_window": 4, "layer_types": 5},
+        "layer_types: must be a list of attention kinds, one per layer, got 5",
+    ),
+    ("parameters", {"_num_parameters": "abc"}, "_num_parameters: must be a positive integer, got 'abc'"),
+    ("deep", "[" * 100_000, "model: {path} is not valid JSON (nested too deeply)"),
+]
+
+
+def bad_config(folder: Path, name: str, fields: object) -> Path:
+    path = folder / f"{name}.json"
+    if fields is None:
+        path.write_bytes(BINARY)
+    else:
+        path.write_text(
+            fields if isinstance(fields, str) else json.dumps({**CONFIG, "vocab_size": 9, **fields})
+        )
+    return path
+
+
+@pytest.mark.parametrize(("name", "fields", "expected"), BAD_CONFIGS, ids=[case[0] for case in BAD_CONFIGS])
+def test_a_bad_model_config_names_its_field(name, fields, expected, tmp_path, capsys):
+    path = bad_config(tmp_path, name, fields)
+    assert memory_main([f"model={path}", "context=1024"]) == 2
+    assert one_line(capsys) == "error: " + expected.format(path=path)
+
+
+# --- 9: contexts beyond any model ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argument", "expected"),
+    [
+        ("context=10000001", "context: 10,000,001 tokens exceed the estimator's cap of 10,000,000"),
+        ("context=" + "1" + "0" * 30, "context: 1e+30 tokens exceed the estimator's cap of 10,000,000"),
+        ("budget=20000000", "budget: 20,000,000 tokens exceed the estimator's cap of 10,000,000"),
+    ],
+)
+def test_a_context_beyond_the_cap_is_refused(argument, expected, capsys):
+    arguments = {"context": "context=1024", "budget": "budget=1024"} | {argument.split("=")[0]: argument}
+    assert memory_main(["model=llama-3.1-8b-instruct", *arguments.values()]) == 2
+    assert one_line(capsys) == f"error: {expected}"
+
+
+def test_a_context_beyond_the_models_positions_is_noted():
+    note = (
+        "context: 200,000 tokens exceed the model's 131,072 positions (max_position_embeddings): it runs "
+        "that long only with rope scaling, if at all"
+    )
+    assert estimate("llama-3.1-8b-instruct", "h100", context=200_000).notes[0] == note
+    assert not any(
+        "positions" in note for note in estimate("llama-3.1-8b-instruct", "h100", context=131_072).notes
+    )
+    assert estimate("llama-3.1-8b-instruct", "h100", context=10_000_000).context == 10_000_000
+
+
+# --- 10: short names, and every name when one is unknown -------------------------------------------------
+
+
+def test_short_names_resolve_to_their_catalogue_entry(capsys):
+    aliases = model_aliases()
+    assert {"llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "gemma-3-12b", "deepseek-v2-lite"} <= set(aliases)
+    for alias, name in aliases.items():
+        geometry = load_geometry(alias)
+        assert (geometry.name, geometry.source) == (name, model_source(name))
+    assert memory_main(["model=llama-3.1-8b", "context=131072"]) == 0
+    assert capsys.readouterr().out.startswith("llama-3.1-8b-instruct (GQA, 8.03B parameters) on sn40l")
+
+
+def test_an_unknown_model_lists_every_name(capsys):
+    assert memory_main(["model=llama-9", "context=1"]) == 2
+    line = one_line(capsys)
+    assert line.startswith("error: model: unknown model 'llama-9'; choose one of deepseek-r1, ")
+    assert f"{', '.join(model_names())} (conf/model); short names " in line
+    assert all(f"{alias} ({name})" in line for alias, name in model_aliases().items())
+    assert len(model_names()) > 6
+
+
+# --- before torch ------------------------------------------------------------------------------------
+
+
+def test_the_refusals_come_before_torch(tmp_path, foreign, torch_refused):
+    """A real ``python -m snapeval`` on another program's database, and the reading commands, the gate
+    and the estimator on every hostile input above, in processes where ``import torch`` fails."""
+    command = [sys.executable, "-m", "snapeval", f"run.db={foreign['runs']}"]
+    front = subprocess.run(command, capture_output=True, text=True, env=torch_refused, timeout=120)
+    assert (front.returncode, front.stderr) == (2, f"error: run.db: {foreign['runs']} {RUNS_NOT_OURS}\n")
+    configs = [bad_config(tmp_path, name, fields) for name, fields, _ in BAD_CONFIGS]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump([gate_spec(0.8)]).replace("0.8", ".nan"))
+    calls = [
+        *(f"results(['summary', '--db', {str(foreign[which])!r}])" for which in ("runs", "notes")),
+        "results(['summary', '--db', ':memory:'])",
+        f"gate(['--spec', {str(spec)!r}, '--no-run'])",
+        *(f"memory(['model={path}', 'context=1024'])" for path in configs),
+        "memory(['model=llama-3.1-8b', 'context=99999999'])",
+    ]
+    script = (
+        "import sys\nfrom snapeval.results.__main__ import main as results\n"
+        "from snapeval.gate import main as gate\nfrom snapeval.memory.cli import main as memory\n"
+        f"codes = [{', '.join(calls)}]\nassert 'torch' not in sys.modules\nprint(codes)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=torch_refused, timeout=120
+    )
+    assert result.stdout == f"{[2] * len(calls)}\n", result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == len(calls) and all(line.startswith("error: ") for line in lines), lines
