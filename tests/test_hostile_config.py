@@ -276,6 +276,7 @@ def test_a_hydra_setting_does_not_skip_the_front_door(tmp_path, torch_refused):
     assert (result.returncode, result.stderr) == (2, "error: cache.budget: must be an integer, got 'abc'\n")
 
 
+@pytest.mark.slow  # a real command (about 10 s): .ci/run runs it with the slow tests
 def test_a_multirun_whose_every_point_fails_exits_2(tmp_path):
     sweep = f"hydra.sweep.dir={tmp_path / 'sweep'}"
     result = command(tmp_path, "-m", "cache=snapstream", "cache.budget=50", "run.limit=1", sweep, timeout=300)

@@ -215,6 +215,7 @@ def test_the_lm_eval_model_stops_in_one_line(tiny_llama_folder, tmp_path, monkey
         lm.generate_until([until], disable_tqdm=True)
 
 
+@pytest.mark.slow  # a real command (about 10 s): .ci/run runs it with the slow tests
 def test_the_lm_eval_cli_exits_2_in_one_line(tiny_llama_folder, tmp_path):
     from snapeval.paths import LM_EVAL_TASKS_DIR
 
