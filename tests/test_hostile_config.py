@@ -219,33 +219,30 @@ def test_the_gate_checks_every_config_before_running_any(
 
 
 PROBE = """
-import contextlib, io, json, sys, time
+import contextlib, io, json, sys
 from snapeval.__main__ import check_before_hydra
 from snapeval.errors import SnapevalError
 from snapeval.gate import main as gate_main
 cases, gates = json.loads(sys.argv[1])
-try:  # the imports, once
-    check_before_hydra(cases[0])
-except SnapevalError:
-    pass
 answers = []
 for args in cases:
-    start = time.perf_counter()
     try:
         check_before_hydra(args)
-        answers.append([None, 0])
+        answers.append(None)
     except SnapevalError as exc:
-        answers.append([str(exc), time.perf_counter() - start])
+        answers.append(str(exc))
 for spec in gates:
-    start, err = time.perf_counter(), io.StringIO()
+    err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = gate_main(["--spec", spec, "--db", spec + ".sqlite"])
-    answers.append([err.getvalue() if code == 2 else None, time.perf_counter() - start])
+    answers.append(err.getvalue() if code == 2 else None)
 print(json.dumps(answers))
 """
 
 
-def test_config_decided_cases_answer_before_torch_can_load_each_in_seconds(tmp_path, torch_refused):
+def test_config_decided_cases_answer_before_torch_can_load(tmp_path, torch_refused):
+    """Every config-only case, in a process where ``import torch`` fails (its speed: the README's
+    measured seconds; tests assert behaviour, not timings)."""
     db = f"run.db={tmp_path / 'db.sqlite'}"
     folder = model_folder(tmp_path, num_attention_heads=0)
     cases = [[db, *args] for args, _ in CONFIG_ONLY] + [[db, f"model.pretrained={folder}"]]
@@ -261,9 +258,7 @@ def test_config_decided_cases_answer_before_torch_can_load_each_in_seconds(tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     answers = json.loads(result.stdout)
     pairs = list(zip(answers, expected, strict=True))
-    assert [(message or "")[: len(prefix)] for (message, _), prefix in pairs] == expected
-    slow = [(prefix[:50], round(seconds, 1)) for (_, seconds), prefix in pairs if seconds > 3]
-    assert not slow, slow  # about a second each (0.1-0.7 s measured), with room for a loaded machine
+    assert [(message or "")[: len(prefix)] for message, prefix in pairs] == expected
 
 
 def command(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 120):

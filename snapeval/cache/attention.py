@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -88,21 +88,16 @@ def snapeval_attention(
             "model",
         )
     owns_mask = getattr(cache, "owns_decode_mask", False)
+    prefilling = isinstance(cache, SnapevalCache) and cache.awaiting_prefill(layer_idx)
+    one_token = base is sdpa_attention_forward and _one_token_sdpa(query, kwargs)
     expand = vars(module).get(EXPAND_LATENT)  # an MLA module whose latent reaches here unexpanded
-    if expand is not None:
-        prefilling = isinstance(cache, SnapevalCache) and cache.awaiting_prefill(layer_idx)
-        if owns_mask and not prefilling and _one_token_sdpa(query, kwargs):
-            cache.note_attended(layer_idx)
-            mask = cache.attention_mask(layer_idx, 1, query.shape[1])
-            projections = vars(module)[UP_PROJECTIONS]
-            output = absorbed_decode_attention(query, key, value, mask, kwargs.get("scaling"), projections)
-            cache.record(layer_idx, query, module, inputs)
-            return output, None
+    in_latent_space = expand is not None and owns_mask and not prefilling and one_token
+    if expand is not None and not in_latent_space:
         key, value = expand(key, value)
     if not owns_mask:
         return base(module, query, key, value, attention_mask, **kwargs)
     cache.note_attended(layer_idx)  # the engine is in the loop: see check_engine_in_loop
-    if isinstance(cache, SnapevalCache) and cache.awaiting_prefill(layer_idx):
+    if prefilling:
         output = base(module, query, key, value, attention_mask, **kwargs)
         vars(module)[LAYER_WINDOW] = kwargs.get("sliding_window")  # for scores that see what it sees
         scaling = kwargs.get("scaling") or module.scaling
@@ -110,16 +105,19 @@ def snapeval_attention(
         cache.finish_prefill(layer_idx, query, valid, scaling, module, inputs)
         return output
     mask = cache.attention_mask(layer_idx, query.shape[2], query.shape[1], kwargs.get("sliding_window"))
-    if isinstance(cache, SnapevalCache):
+    if isinstance(cache, SnapevalCache) and not in_latent_space:
         key = cache.attention_keys(layer_idx, key, module)
-    kwargs["is_causal"] = False
-    if mask is not None and base is not sdpa_attention_forward:  # eager attention adds its mask
-        mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
-            ~mask, torch.finfo(query.dtype).min
-        )
-    if base is sdpa_attention_forward and _one_token_sdpa(query, kwargs):
+    if in_latent_space:
+        projections = vars(module)[UP_PROJECTIONS]
+        output = absorbed_decode_attention(query, key, value, mask, kwargs.get("scaling"), projections), None
+    elif one_token:
         output = grouped_decode_attention(query, key, value, mask, kwargs.get("scaling")), None
     else:
+        kwargs["is_causal"] = False
+        if mask is not None and base is not sdpa_attention_forward:  # eager attention adds its mask
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
+                ~mask, torch.finfo(query.dtype).min
+            )
         output = base(module, query, key, value, mask, **kwargs)
     cache.record(layer_idx, query, module, inputs)  # a cache that evicts while decoding notes the step
     return output
@@ -168,9 +166,9 @@ def cache_names(module: torch.nn.Module) -> tuple[tuple[str, ...], int | None]:
     and the declared one's place among the positional parameters (None: keyword only). The declared one
     is the first of those names it takes, else a parameter annotated as a ``Cache``; a forward that takes
     none is refused in one line."""
-    parameters = list(inspect.signature(module.forward).parameters.values())
-    by_name = {parameter.name: parameter for parameter in parameters}
-    found = next((by_name[name] for name in CACHE_PARAMETERS if name in by_name), None)
+    signature = inspect.signature(module.forward).parameters
+    parameters = list(signature.values())
+    found = signature.get(_known_cache_parameter(signature) or "")
     if found is None:
         found = next((p for p in parameters if "Cache" in str(p.annotation)), None)
     if found is None:
@@ -189,8 +187,12 @@ def cache_keyword(model: torch.nn.Module) -> str:
     """The keyword under which ``model``'s ``forward`` takes a cache: the first of
     :data:`~snapeval.couplings.CACHE_PARAMETERS` it names (``past_key_values`` before transformers 5.24,
     where ``cache`` is new and the old name a deprecated alias)."""
-    parameters = inspect.signature(model.forward).parameters
-    return next((name for name in CACHE_PARAMETERS if name in parameters), CACHE_PARAMETERS[-1])
+    return _known_cache_parameter(inspect.signature(model.forward).parameters) or CACHE_PARAMETERS[-1]
+
+
+def _known_cache_parameter(parameters: Mapping[str, inspect.Parameter]) -> str | None:
+    """The first of :data:`~snapeval.couplings.CACHE_PARAMETERS` among ``parameters``, if any."""
+    return next((name for name in CACHE_PARAMETERS if name in parameters), None)
 
 
 def _passing_the_cache(forward: Callable, names: tuple[str, ...], place: int | None) -> Callable:

@@ -123,8 +123,8 @@ class SnapevalCache(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """transformers' cache hook, called right before a layer's attention: the layer before this one must
         have been attended by the snapeval attention (:meth:`check_engine_in_loop`)."""
-        self.check_engine_in_loop()
-        if not torch.compiler.is_compiling():
+        if not torch.compiler.is_compiling():  # a compiled step is checked by its caller
+            self.check_engine_in_loop()
             self.unattended = layer_idx
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
@@ -137,7 +137,7 @@ class SnapevalCache(Cache):
         """Raise, in one line, if a layer took keys that the snapeval attention never saw: a compressing
         method bypassed would hold the full cache under its name. Checked before every layer's keys and
         after every forward call of an installed model."""
-        if self.unattended is not None and not torch.compiler.is_compiling():
+        if self.unattended is not None:
             raise engine_bypassed(self.unattended)
 
     @abstractmethod
