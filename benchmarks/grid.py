@@ -8,7 +8,10 @@ LongBench-v2 prompts middle-truncated to ``--longbench-tokens`` (8k; needs the d
 * one point: SnapStream (first budget and kernel) alone, its own prefill and decode;
 * separate points: every setting alone, one after the other (what 13 separate runs compute);
 * grid: every setting's request in one batcher, ``--rows`` rows: one prefill per prompt fills all the
-  caches (:class:`snapeval.cache.grid.CacheGrid`), the settings decode together.
+  caches (:class:`snapeval.cache.grid.CacheGrid`), the settings decode together, each in rows of its own
+  capacity class (:mod:`snapeval.continuous.classes`);
+* the same grid with every row as wide as the largest request's (one class of rows): the baseline that
+  rows sized per setting are measured against.
 
 and checks that the grid gives every setting the tokens it gives alone. Then, end to end, the shipped
 ``+exp=ruler_budget_sweep`` (16 settings x 10 prompts at 1,024 tokens) as one grid, against the same
@@ -17,6 +20,7 @@ sweep ran before grids), each into a fresh database.
 
     python benchmarks/grid.py                       # everything, ~25 min on 2 busy cores
     python benchmarks/grid.py --skip-sweep --prompts 1 --longbench-tokens 4096
+    python benchmarks/grid.py --skip-sweep --skip-separate --ruler-tokens 0   # the grid's ratio at 8k
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from unittest import mock
 
 import torch
 import transformers
@@ -40,6 +45,7 @@ from tabulate import tabulate
 from snapeval.cache import install
 from snapeval.configs.compose import compose_config
 from snapeval.continuous import ContinuousBatcher, Request
+from snapeval.continuous import batcher as batcher_module
 from snapeval.models import load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window
 from snapeval.tasks import load_task
@@ -83,23 +89,27 @@ def workload(model, name: str, prompts: list, grid: list[dict], args, stop_ids) 
 
     one_tokens, one_s = answer(model, requests([grid[1]]), args.rows)
     separate_tokens, separate_s = {}, 0.0
-    for cache in grid:
+    for cache in [] if args.skip_separate else grid:
         tokens, seconds = answer(model, requests([cache]), args.rows)
         separate_tokens.update(tokens)
         separate_s += seconds
     grid_tokens, grid_s = answer(model, requests(grid), args.rows)
-    same = grid_tokens == separate_tokens and all(separate_tokens[tag] == t for tag, t in one_tokens.items())
+    with mock.patch.object(batcher_module, "plan_classes", lambda needs, rows: [(max(needs), rows)]):
+        widest_tokens, widest_s = answer(model, requests(grid), args.rows)  # every row the largest's
+    reference = separate_tokens or grid_tokens  # without the separate points: the grid's against one point
+    same = grid_tokens == reference == widest_tokens and all(reference[t] == a for t, a in one_tokens.items())
     length = sum(len(ids) for ids in prompts) / len(prompts)
     context = f"{name}, {len(prompts)} prompt(s) of {length:.0f} tokens"
-    return [  # same tokens: the grid's and the one point's answers equal the separate points'
-        {"workload": context, "path": "one point (snapstream)", "wall s": one_s, "same tokens": same},
-        {
-            "workload": context,
-            "path": f"{len(grid)} points, separately",
-            "wall s": separate_s,
-            "same tokens": same,
-        },
-        {"workload": context, "path": f"{len(grid)} points, one grid", "wall s": grid_s, "same tokens": same},
+    paths = {
+        "one point (snapstream)": one_s,
+        f"{len(grid)} points, one grid": grid_s,
+        f"{len(grid)} points, one grid, every row the widest": widest_s,
+    }
+    if not args.skip_separate:
+        paths[f"{len(grid)} points, separately"] = separate_s
+    # same tokens: the grid's and the one point's answers equal the separate points'
+    return [
+        {"workload": context, "path": path, "wall s": s, "same tokens": same} for path, s in paths.items()
     ]
 
 
@@ -139,6 +149,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--rows", type=int, default=13, help="batcher rows (default: one per setting)")
     parser.add_argument("--skip-sweep", action="store_true", help="leave out the end-to-end sweep")
+    parser.add_argument("--skip-separate", action="store_true", help="leave out the settings one by one")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
     return parser.parse_args(argv)
 

@@ -10,6 +10,7 @@ head) times the capacity.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -54,16 +55,21 @@ def free_bytes(device: torch.device) -> int | None:
         return None
 
 
-def check_rows_fit(rows: int, capacity: int, shapes: tuple, device: torch.device) -> None:
-    """Refuse ``rows`` rows of ``capacity`` slots that the memory free on ``device`` cannot hold."""
-    per_row = row_bytes(capacity, shapes)
+def check_rows_fit(plan: Sequence[tuple[int, int]], shapes: tuple, device: torch.device) -> None:
+    """Refuse rows in ``plan`` (capacity, rows per class of rows) that the memory free on ``device`` cannot
+    hold."""
+    rows = sum(count for _, count in plan)
+    total = sum(count * row_bytes(capacity, shapes) for capacity, count in plan)
     free = free_bytes(device)
-    if free is None or rows * per_row <= free:
+    if free is None or total <= free:
         return
-    gib, most = 2**30, free // per_row
+    gib, per_row = 2**30, total / rows
+    most = int(free // per_row)
     advice = f"use at most {most}" if most else "not even one fits: shorten the prompts or the answers"
+    sizes = " + ".join(f"{count} of {capacity} slots" for capacity, count in reversed(plan))
+    described = f"{rows} rows of {plan[0][0]} slots" if len(plan) == 1 else f"{rows} rows ({sizes})"
     raise SnapevalError(
-        f"{rows} rows of {capacity} slots take {rows * per_row / gib:.1f} GiB ({per_row / gib:.3f} GiB "
-        f"each), and {device.type} has {free / gib:.1f} GiB free: {advice}",
+        f"{described} take {total / gib:.1f} GiB ({per_row / gib:.3f} GiB each), and {device.type} has "
+        f"{free / gib:.1f} GiB free: {advice}",
         FIELD,
     )

@@ -186,9 +186,9 @@ def test_rows_are_capped_by_the_requests_and_by_free_memory(monkeypatch):
     assert batch_rows.row_bytes(40, shapes) == sum(t.numel() * t.element_size() for t in tensors)
     per_row = batch_rows.row_bytes(40, shapes)
     monkeypatch.setattr(batch_rows, "free_bytes", lambda device: 10 * per_row)
-    batch_rows.check_rows_fit(10, 40, shapes, torch.device("cpu"))  # fits
+    batch_rows.check_rows_fit([(40, 10)], shapes, torch.device("cpu"))  # fits
     with pytest.raises(SnapevalError) as info:
-        batch_rows.check_rows_fit(100_000, 40, shapes, torch.device("cpu"))
+        batch_rows.check_rows_fit([(40, 100_000)], shapes, torch.device("cpu"))
     assert str(info.value).startswith("run.batch_size: 100000 rows of 40 slots take ")
     assert str(info.value).endswith("GiB free: use at most 10")
 

@@ -120,11 +120,12 @@ def run_paths(model, tap, ids, settings: dict[str, dict]) -> dict[tuple[str, str
         runs[method, "model.generate"] = (out[0, len(ids) :].tolist(), torch.cat(tap.take()[-NEW_TOKENS:]))
         runs.update(unplain_paths(model, tap, ids, method, params))
     requests = [Request(tuple(ids), params, NEW_TOKENS, tag=i) for i, params in enumerate(settings.values())]
-    answers = batch(model, requests)
+    got = {}
+    ContinuousBatcher(model, len(requests)).run(requests, lambda a: got.__setitem__(a.request.tag, a))
     steps = [logits for logits in tap.take() if logits.shape[0] == len(requests)]
-    for index, method in enumerate(settings):
-        decoded = torch.stack([step[index] for step in steps])
-        runs[method, "batcher rows, shared prefill"] = (answers[index], decoded)
+    for index, method in enumerate(settings):  # each setting in the row of its class that it decoded in
+        decoded = torch.stack([step[got[index].row] for step in steps])
+        runs[method, "batcher rows, shared prefill"] = (got[index].tokens, decoded)
     return runs
 
 

@@ -1,6 +1,7 @@
-"""One declaration per method: its parameters' dataclass (torch-free, the config group's option) and its
-engine class, and a method added as one module outside the package that runs end to end without
-touching any other file."""
+"""One declaration per method: its torch-free dataclass (name, label, parameters: the config group's
+option) and its engine class, everything else derived from the declaration; a method added as one
+declaration and one engine seen everywhere; and a method added as one module outside the package that
+runs end to end without touching any other file."""
 
 from __future__ import annotations
 
@@ -8,24 +9,32 @@ import dataclasses
 import inspect
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
+import types
+import typing
 
 import pytest
 
-from snapeval.cache import build_cache, method_class, method_classes, method_label
+from snapeval.cache import build_cache, method_class, method_classes
 from snapeval.configs.compose import compose_config
-from snapeval.configs.methods import METHODS, effective_params, parameter_names
+from snapeval.configs.methods import (
+    METHODS,
+    effective_params,
+    method_label,
+    method_table,
+    register_caches,
+)
 from snapeval.errors import SnapevalError
-from snapeval.figures import method_color
+from snapeval.figures import method_color, method_style
 from snapeval.grid import grid_points
 from snapeval.memory import estimate
 from snapeval.results import load
 
 TOY_MODULE = '''
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -36,8 +45,9 @@ from snapeval.errors import SnapevalError
 
 @dataclass
 class FirstTokens:
-    """Keeps the first ``budget`` prompt tokens; decode appends. Defaults: budget 8."""
+    """Keeps the first ``budget`` prompt tokens; decode appends."""
 
+    label: ClassVar[str] = "First tokens"
     method: str = "first_tokens"
     budget: int = 8
 
@@ -49,8 +59,6 @@ class FirstTokens:
 class FirstTokensCache(SnapevalCache):
     """Keeps the first ``budget`` prompt tokens; decode appends."""
 
-    method = "first_tokens"
-    label = "First tokens"
     params_class = FirstTokens
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
@@ -95,36 +103,62 @@ def test_built_in_methods_are_the_modules_of_the_engine_each_with_its_parameters
         assert inspect.getdoc(cls), f"{cls.__name__} states its algorithm in its docstring"
 
 
-def stated_defaults(params: type) -> dict[str, str]:
-    """The parameters and values a dataclass's docstring states in its "Defaults: a 1, b x." sentence."""
-    doc = " ".join(inspect.getdoc(params).split())
-    sentence = re.sub(r" \(.*?\)", "", doc.partition("Defaults: ")[2]).split(". ")[0].rstrip(".")
-    return dict(pair.split(" ", 1) for pair in sentence.split(", ")) if sentence else {}
-
-
 @pytest.mark.parametrize("method", list(METHODS))
-def test_a_method_runs_with_the_defaults_its_docstring_states(method):
-    """The docstring's defaults are the config option's, and the engine built without arguments runs
-    with them: a budgeted method holds 1024 slots of a 5000-token prompt (R-KV its buffer's 128 more),
+def test_a_method_runs_with_its_declared_defaults(method):
+    """The config option is the declaration, and the engine built without arguments runs with its
+    defaults: a budgeted method holds 1024 slots of a 5000-token prompt (R-KV its buffer's 128 more),
     kvpress half, full all."""
     params = METHODS[method]
     option = dataclasses.asdict(params())
     assert option["method"] == method and {"budget", "ratio"} <= set(option)  # a sweep budgets every method
-    stated = stated_defaults(params)
-    assert list(stated) == [name for name in parameter_names(params) if name != "ratio"]
-    declared = {f.name: f.default for f in dataclasses.fields(params)}
-    for name, value in stated.items():
-        default = declared[name]
-        written = (
-            "null" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
-        )
-        assert written == value, f"{params.__name__}.{name}: the docstring says {value}"
     if method == "kvpress":
         pytest.importorskip("kvpress")
     engine = build_cache({"method": method})
+    assert (engine.method, engine.label) == (method, params.label)
     assert engine.params() == effective_params(option)
     expected = {"full": 5000, "kvpress": 2500, "rkv": 1024 + 128}.get(method, 1024)
     assert engine.decode_slots(5000, 0) == expected
+
+
+@dataclasses.dataclass
+class KeepFirst:
+    """Keeps the first ``budget`` prompt tokens; decode appends."""
+
+    label: typing.ClassVar[str] = "Keep first"
+    method: str = "keep_first"
+    budget: int = 8
+    ratio: float | None = None
+
+
+def test_a_method_added_as_one_declaration_and_one_engine_is_seen_everywhere(monkeypatch):
+    """A declaration among the built-in ones and an engine module named after it: the ConfigStore, the
+    registry, the engine's name and label, figure labels and styles and the methods table all see it."""
+    from snapeval.cache.base import SnapevalCache
+
+    monkeypatch.setitem(METHODS, "keep_first", KeepFirst)
+    engine_module = types.ModuleType("snapeval.cache.keep_first")
+    engine = type(
+        "KeepFirstCache", (SnapevalCache,), {"params_class": KeepFirst, "__doc__": "Keeps the first."}
+    )
+    engine_module.KeepFirstCache = engine
+    monkeypatch.setitem(sys.modules, "snapeval.cache.keep_first", engine_module)
+    assert (engine.method, engine.label) == ("keep_first", "Keep first")
+    assert method_classes()["keep_first"] is engine is method_class("keep_first")
+    stored = {}
+    register_caches(types.SimpleNamespace(store=lambda group, name, node: stored.__setitem__(name, node)))
+    assert stored["keep_first"] is KeepFirst
+    assert method_label("keep_first") == "Keep first"
+    styles = [tuple(method_style(name).items()) for name in METHODS if name != "full"]
+    assert len(set(styles)) == len(styles)  # its own colour, marker and dashes
+    row = (
+        "| `keep_first` | Keep first | Keeps the first `budget` prompt tokens; decode appends. | `budget` 8 |"
+    )
+    assert row in method_table().splitlines()
+    assert effective_params({"method": "keep_first", "budget": 3}) == {
+        "method": "keep_first",
+        "budget": 3,
+        "ratio": None,
+    }
 
 
 def test_a_grid_point_is_stored_as_that_point_run_alone():

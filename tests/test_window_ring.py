@@ -93,10 +93,12 @@ def test_the_batchers_rows_and_a_grids_members_hold_the_window(model, method, tm
     batcher = ContinuousBatcher(model, 2)
     requests = [Request(tuple(ids()), params, NEW, tag=0), Request(tuple(ids()), params, NEW, tag=1)]
     batcher.run(requests, answers.append)
-    assert [keys.shape[2] for keys in batcher.slots.keys] == expected_slots(model, batcher.slots.capacity)
+    assert [keys.shape[2] for keys in batcher.slots.parts[0].keys] == expected_slots(
+        model, batcher.slots.capacity
+    )
     per_layer = [
         keys[0, :, 0].numel() * keys.element_size() + values[0, :, 0].numel() * values.element_size()
-        for keys, values in zip(batcher.slots.keys, batcher.slots.values, strict=True)
+        for keys, values in zip(batcher.slots.parts[0].keys, batcher.slots.parts[0].values, strict=True)
     ]
     grows = method in ("full", "snapkv")
     tokens = held + NEW - 1 if grows else held  # a growing row holds every token fed to it

@@ -15,7 +15,7 @@ from snapeval.cache.attention import install
 from snapeval.cache.base import SnapevalCache
 from snapeval.cache.full import FullCache
 from snapeval.cache.grid import CacheGrid
-from snapeval.cache.registry import method_class, method_classes, method_label
+from snapeval.cache.registry import method_class, method_classes
 from snapeval.cache.sage_kv import SageKVCache
 from snapeval.cache.snapkv import SnapKVCache
 from snapeval.cache.snapstream import SnapStreamCache
@@ -38,7 +38,6 @@ __all__ = [
     "install",
     "method_class",
     "method_classes",
-    "method_label",
 ]
 
 

@@ -92,7 +92,7 @@ def snapeval_attention(
     one_token = base is sdpa_attention_forward and _one_token_sdpa(query, kwargs)
     expand = vars(module).get(EXPAND_LATENT)  # an MLA module whose latent reaches here unexpanded
     in_latent_space = expand is not None and owns_mask and not prefilling and one_token
-    if expand is not None and not in_latent_space:
+    if expand is not None and (not owns_mask or prefilling):
         key, value = expand(key, value)
     if not owns_mask:
         return base(module, query, key, value, attention_mask, **kwargs)
@@ -104,23 +104,52 @@ def snapeval_attention(
         valid = _valid_columns(attention_mask, key)
         cache.finish_prefill(layer_idx, query, valid, scaling, module, inputs)
         return output
-    mask = cache.attention_mask(layer_idx, query.shape[2], query.shape[1], kwargs.get("sliding_window"))
-    if isinstance(cache, SnapevalCache) and not in_latent_space:
-        key = cache.attention_keys(layer_idx, key, module)
-    if in_latent_space:
-        projections = vars(module)[UP_PROJECTIONS]
-        output = absorbed_decode_attention(query, key, value, mask, kwargs.get("scaling"), projections), None
-    elif one_token:
-        output = grouped_decode_attention(query, key, value, mask, kwargs.get("scaling")), None
+    window, heads = kwargs.get("sliding_window"), query.shape[1]
+    if hasattr(cache, "decode_parts"):  # the batcher's rows, in classes of their own capacity
+        parts = cache.decode_parts(layer_idx, key, value, heads, window)
     else:
-        kwargs["is_causal"] = False
-        if mask is not None and base is not sdpa_attention_forward:  # eager attention adds its mask
-            mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
-                ~mask, torch.finfo(query.dtype).min
+        parts = [(slice(None), key, value, cache.attention_mask(layer_idx, query.shape[2], heads, window))]
+    outputs = []
+    for rows, part_key, part_value, mask in parts:
+        if in_latent_space:
+            projections = vars(module)[UP_PROJECTIONS]
+            scaling = kwargs.get("scaling")
+            outputs.append(
+                absorbed_decode_attention(query[rows], part_key, part_value, mask, scaling, projections)
             )
-        output = base(module, query, key, value, mask, **kwargs)
+            continue
+        if expand is not None:
+            part_key, part_value = expand(part_key, part_value)
+        if isinstance(cache, SnapevalCache):
+            part_key = cache.attention_keys(layer_idx, part_key, module)
+        outputs.append(
+            _decode_attention(module, base, one_token, query[rows], part_key, part_value, mask, kwargs)
+        )
     cache.record(layer_idx, query, module, inputs)  # a cache that evicts while decoding notes the step
-    return output
+    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), None
+
+
+def _decode_attention(
+    module: torch.nn.Module,
+    base: Callable,
+    one_token: bool,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
+    """(rows, queries, heads, value_dim) decode attention of ``query`` over the held ``key``/``value``
+    with the cache's ``mask``: grouped for one token over SDPA, else the base attention (an eager one
+    with the mask as additive floats)."""
+    if one_token:
+        return grouped_decode_attention(query, key, value, mask, kwargs.get("scaling"))
+    kwargs = {**kwargs, "is_causal": False}
+    if mask is not None and base is not sdpa_attention_forward:  # eager attention adds its mask
+        mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(query.dtype).min
+        )
+    return base(module, query, key, value, mask, **kwargs)[0]
 
 
 def _one_token_sdpa(query: torch.Tensor, kwargs: dict[str, Any]) -> bool:

@@ -95,12 +95,12 @@ class SnapevalCache(Cache):
     """
 
     method: str = "base"
-    """The name in configs and results."""
+    """The name in configs and results (a declared method's: its declaration's)."""
     label: str = ""
-    """The name in figures (the ``method`` if empty)."""
+    """The name in figures (a declared method's: its declaration's)."""
     params_class: ClassVar[type | None] = None
-    """The method's parameters (a dataclass of :mod:`snapeval.configs.cache`): the constructor's keyword
-    arguments, checked by it and each kept as an attribute of that name."""
+    """The method's declaration (a dataclass of :mod:`snapeval.configs.cache`): its name and label, and
+    the constructor's keyword arguments, checked by it and each kept as an attribute of that name."""
     wants_layer_inputs = False
     """True for a method that scores from an attention module's forward inputs (:class:`LayerPrompt`)."""
     selects_before_prefill = False
@@ -110,6 +110,12 @@ class SnapevalCache(Cache):
     """The snapeval attention asks the cache for its decode masks (:meth:`attention_mask`)."""
     unattended: int | None = None
     """The layer whose keys this cache took last and whose attention has not yet taken the cache."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declaration = vars(cls).get("params_class")
+        if declaration is not None and isinstance(vars(declaration).get("label"), str):
+            cls.method, cls.label = declaration.__dataclass_fields__["method"].default, declaration.label
 
     def __init__(self, **params: Any) -> None:
         unknown = sorted(set(params) - set(self.parameter_names()))

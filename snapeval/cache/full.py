@@ -12,8 +12,6 @@ class FullCache(SnapevalCache):
     The reference every compressed method is measured against. Padding slots are masked, never attended.
     """
 
-    method = "full"
-    label = "Full cache"
     params_class = Full
 
     def select(self, prompt: LayerPrompt) -> Selection:

@@ -47,8 +47,6 @@ class KvpressCache(SnapevalCache):
     and their defaults: :class:`~snapeval.configs.cache.Kvpress`.
     """
 
-    method = "kvpress"
-    label = "kvpress"
     wants_layer_inputs = True
     params_class = Kvpress
 

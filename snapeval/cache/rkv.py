@@ -34,8 +34,6 @@ class RKVCache(SnapevalCache):
     https://github.com/Zefan-Cai/R-KV, ``R1KV`` and ``cal_similarity``).
     """
 
-    method = "rkv"
-    label = "R-KV"
     params_class = RKV
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:

@@ -29,8 +29,6 @@ class SageKVCache(SnapevalCache):
     defaults: :class:`~snapeval.configs.cache.SageKV`.
     """
 
-    method = "sage_kv"
-    label = "SAGE-KV"
     params_class = SageKV
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:

@@ -263,16 +263,26 @@ class SlotCache:
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """transformers' cache hook: write one token per row, return the keys and values to attend."""
+        self.write(key_states, value_states, layer_idx)
+        return self.keys_to_attend(layer_idx), self.values[layer_idx]
+
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int) -> None:
+        """Write the step's key and value of every row at the row's slot of ``layer_idx``."""
         keys, values, positions = self.keys[layer_idx], self.values[layer_idx], self.positions[layer_idx]
         rings = self.rings[self.windows[layer_idx]]
         rows, heads = keys.shape[:2]
         columns = self.seen[:, None, None].expand(rows, heads, 1)
         write_slots((keys, values, positions), rings.slot[:, None], (key_states, value_states, columns))
-        if self.any_rerotate:
-            pinned = (rings.slot_index[None, :] < rings.start[:, None])[:, None]  # (rows, 1, slots)
-            rotation = self.rotations[layer_idx]
-            return rerotated_sinks(rotation, keys, positions, pinned, self.rerotate), values
-        return keys, values
+
+    def keys_to_attend(self, layer_idx: int) -> torch.Tensor:
+        """The held keys of ``layer_idx``, a re-rotating row's sinks turned to their place in the row."""
+        keys = self.keys[layer_idx]
+        if not self.any_rerotate:
+            return keys
+        rings = self.rings[self.windows[layer_idx]]
+        pinned = (rings.slot_index[None, :] < rings.start[:, None])[:, None]  # (rows, 1, slots)
+        rotation = self.rotations[layer_idx]
+        return rerotated_sinks(rotation, keys, self.positions[layer_idx], pinned, self.rerotate)
 
     @property
     def wants_layer_inputs(self) -> bool:

@@ -20,8 +20,6 @@ class SnapKVCache(SnapevalCache):
     defaults: :class:`~snapeval.configs.cache.SnapKV`.
     """
 
-    method = "snapkv"
-    label = "SnapKV"
     params_class = SnapKV
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:

@@ -35,8 +35,6 @@ class SnapStreamCache(SnapevalCache):
     Parameters and their defaults: :class:`~snapeval.configs.cache.SnapStream`.
     """
 
-    method = "snapstream"
-    label = "SnapStream"
     params_class = SnapStream
 
     def capacity(self, prompt_length: int) -> int:

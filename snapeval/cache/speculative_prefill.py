@@ -58,8 +58,6 @@ class SpeculativePrefillCache(SnapevalCache):
     :class:`~snapeval.configs.cache.SpeculativePrefill`.
     """
 
-    method = "speculative_prefill"
-    label = "Speculative prefill"
     selects_before_prefill = True
     params_class = SpeculativePrefill
 

@@ -28,8 +28,6 @@ class StreamingLLMCache(SnapevalCache):
     their defaults: :class:`~snapeval.configs.cache.StreamingLLM`.
     """
 
-    method = "streaming_llm"
-    label = "StreamingLLM"
     params_class = StreamingLLM
 
     def decode_slots(self, prompt_length: int, new_tokens: int) -> int:

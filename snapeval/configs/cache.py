@@ -1,13 +1,14 @@
-"""The cache methods' parameters: one dataclass per built-in method, the ``cache`` node of the config.
+"""The cache methods' declarations: one dataclass per built-in method, the ``cache`` node of the config.
 
-Each dataclass is a method's single declaration of its parameters, their types, defaults and checks
-(``__post_init__``, one :class:`~snapeval.errors.SnapevalError` naming ``cache.<field>``). Hydra
-composes them from its ConfigStore (``cache=snapstream cache.budget=256``), the engine's classes take
-their parameters from them (``params_class``), and results store what
-:func:`~snapeval.configs.methods.effective_params` makes of them. Every method has ``budget`` and
-``ratio``, so that one sweep can give a budget to all; a method that takes neither ignores them
-(``setting(stored=False)``). Nothing here imports torch: a bad parameter is refused before any model
-loads.
+Each dataclass is a method's single declaration: its name (``method``), its ``label`` in figures and
+tables, the optional ``extra`` it needs, and its parameters, their types, defaults and checks
+(``__post_init__``, one :class:`~snapeval.errors.SnapevalError` naming ``cache.<field>``). Everything
+else is derived from it (:mod:`snapeval.configs.methods`): the list of methods, Hydra's ``cache`` options
+(``cache=snapstream cache.budget=256``), what results store of a config, figure labels and styles, the
+method table of ``docs/methods.md``, and the engine class's name and label (the engine points at its
+declaration with ``params_class``). Every method has ``budget`` and ``ratio``, so that one sweep can give
+a budget to all; a method that takes neither ignores them (``setting(stored=False)``). Nothing here
+imports torch: a bad parameter is refused before any model loads.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Full:
     """Full KV cache: keeps every prompt token and appends every generated one; the reference every
     compressed method is measured against. No parameters (``budget`` and ``ratio`` are ignored)."""
 
+    label: ClassVar[str] = "Full cache"  # its name in figures and tables
     method: str = "full"
     budget: int | None = ignored()
     ratio: float | None = ignored()
@@ -56,10 +58,10 @@ class StreamingLLM:
     ``budget - sinks`` tokens, which each generated token advances. ``rerotate`` gives keys their position
     inside the cache, as the original does.
 
-    Defaults: budget 1024, sinks 4, rerotate false. ``ratio`` instead of ``budget`` sizes the cache as
-    ``ceil(ratio * prompt length)``.
+    ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
     """
 
+    label: ClassVar[str] = "StreamingLLM"  # its name in figures and tables
     method: str = "streaming_llm"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
@@ -79,10 +81,10 @@ class SnapKV:
     ``budget - window`` tokens those queries attend to most (attention pooled with ``kernel``/``pooling``,
     reduced over each GQA group by ``gqa_reduce``); generated tokens are appended.
 
-    Defaults: budget 1024, window 32, kernel 7, pooling max, gqa_reduce mean. ``ratio`` instead of
-    ``budget`` keeps ``ceil(ratio * prompt length)`` tokens.
+    ``ratio`` instead of ``budget`` keeps ``ceil(ratio * prompt length)`` tokens.
     """
 
+    label: ClassVar[str] = "SnapKV"  # its name in figures and tables
     method: str = "snapkv"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
@@ -106,10 +108,10 @@ class SnapStream:
     whenever the ring is full, its generated tokens are scored by SnapKV's priority from the last ``window``
     generated queries, and the ``reselect_every`` lowest are evicted (the prompt stays pinned).
 
-    Defaults: budget 1024, window 32, kernel 7, pooling max, sinks 4, ring 64, gqa_reduce mean,
-    reselect_every null. ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
+    ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
     """
 
+    label: ClassVar[str] = "SnapStream"  # its name in figures and tables
     method: str = "snapstream"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
@@ -142,10 +144,10 @@ class SageKV:
     rolling window of the ``recent`` last ones, and the candidates in between that the last ``window``
     prompt queries attend to most, per KV head (query heads reduced by ``gqa_reduce``).
 
-    Defaults: budget 1024, sinks 4, recent 64, window 1, gqa_reduce mean. ``ratio`` instead of
-    ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
+    ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
     """
 
+    label: ClassVar[str] = "SAGE-KV"  # its name in figures and tables
     method: str = "sage_kv"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
@@ -168,10 +170,10 @@ class SpeculativePrefill:
     the target prefills only its last ``window`` tokens and the chunks of ``chunk`` tokens the draft's
     last ``window`` queries attend to most (importance average-pooled with ``kernel``), ``budget`` in all.
 
-    Defaults: budget 1024, draft self, window 8, kernel 13, chunk 32. ``ratio`` instead of ``budget``
-    keeps ``ceil(ratio * prompt length)`` tokens.
+    ``ratio`` instead of ``budget`` keeps ``ceil(ratio * prompt length)`` tokens.
     """
 
+    label: ClassVar[str] = "Speculative prefill"  # its name in figures and tables
     method: str = "speculative_prefill"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
@@ -201,10 +203,10 @@ class RKV:
     recent look-alike above ``threshold`` it is), softmaxed. A prompt longer than ``budget`` is cut the
     same way.
 
-    Defaults: budget 1024, buffer 128, window 8, kernel 7, mix_lambda 0.1, threshold 0.5 (all but the
-    budget from the authors' code and paper). ``ratio`` is ignored.
+    The defaults but the budget are the authors' (code and paper). ``ratio`` is ignored.
     """
 
+    label: ClassVar[str] = "R-KV"  # its name in figures and tables
     method: str = "rkv"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = ignored()
@@ -238,12 +240,12 @@ class Kvpress:
     ``hidden_states_buffer_size`` + 1: kvpress's buffer and the step's own) and cut to ``budget``
     (kvpress's ``target_size``), in rows of ``budget + compression_interval`` slots.
 
-    Defaults: budget null, compression_ratio 0.5, press SnapKVPress, press_args {} (the press's own
-    defaults), decoding false, compression_interval 512, hidden_states_buffer_size 256 (kvpress's
-    defaults). A ``budget`` replaces the ratio; ``ratio`` is ignored.
+    The defaults are kvpress's (``press_args`` {}: the press's own). A ``budget`` replaces the ratio;
+    ``ratio`` is ignored.
     """
 
     extra: ClassVar[str] = "kvpress"  # the optional dependency (and snapeval extra) it needs
+    label: ClassVar[str] = "kvpress"  # its name in figures and tables
     method: str = "kvpress"
     budget: int | None = None
     ratio: float | None = ignored()

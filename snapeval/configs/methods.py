@@ -1,37 +1,41 @@
-"""The built-in methods by name, and what configs and results make of a method's parameters.
+"""The built-in methods by name, and what configs, results and figures make of their declarations.
 
-:data:`METHODS` maps each name to its parameters' dataclass (:mod:`snapeval.configs.cache`);
-:func:`effective_params` is what results store of a cache config, :func:`check_cache` refuses a bad one in
-one line, and :func:`register_caches` makes every method an option of Hydra's ``cache`` group. No torch.
+:data:`METHODS` maps each name to its declaration (a dataclass of :mod:`snapeval.configs.cache` with a
+``label``), found there, not listed; :func:`effective_params` is what results store of a cache config,
+:func:`check_cache` refuses a bad one in one line, :func:`register_caches` makes every method an option
+of Hydra's ``cache`` group, :func:`method_label` names it in figures and :func:`method_table` is the
+table of ``docs/methods.md``. No torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+import inspect
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
-from snapeval.configs.cache import (
-    RKV,
-    SELF_DRAFT,
-    Full,
-    Kvpress,
-    SageKV,
-    SnapKV,
-    SnapStream,
-    SpeculativePrefill,
-    StreamingLLM,
-)
+from snapeval.configs import cache as declarations
+from snapeval.configs.cache import SELF_DRAFT
 from snapeval.errors import SnapevalError
 
-METHODS: dict[str, type] = {
-    cls.method: cls
-    for cls in (Full, Kvpress, RKV, SageKV, SnapKV, SnapStream, SpeculativePrefill, StreamingLLM)
-}
-"""The built-in methods, name -> parameters: ``full`` first, the rest by name."""
+
+def declared_methods(module: Any = declarations) -> dict[str, type]:
+    """The methods ``module`` declares (its dataclasses with a ``label``), name -> declaration, ``full``
+    first and the rest by name."""
+    found = {
+        cls.__dataclass_fields__["method"].default: cls
+        for cls in vars(module).values()
+        if dataclasses.is_dataclass(cls) and isinstance(vars(cls).get("label"), str)
+    }
+    return dict(sorted(found.items(), key=lambda item: (item[0] != "full", item[0])))
+
+
+METHODS: dict[str, type] = declared_methods()
+"""The built-in methods, name -> declaration: ``full`` first, the rest by name."""
 
 
 def register_caches(config_store: Any) -> None:
@@ -154,3 +158,37 @@ def missing_extra(method: object) -> str | None:
     if package is None or importlib.util.find_spec(package) is not None:
         return None
     return f"{package} is not installed; pip install 'snapeval[{package}]'"
+
+
+def method_label(method: str) -> str:
+    """How figures and tables name ``method``: its declaration's ``label`` (a method outside the package:
+    its engine class's ``label``, or its name if it has none or cannot load)."""
+    if method in METHODS:
+        return METHODS[method].label
+    if ":" not in method:
+        return method
+    try:
+        return getattr(outside_class(method), "label", None) or method
+    except SnapevalError:
+        return method
+
+
+def method_table() -> str:
+    """The markdown table of the built-in methods (``docs/methods.md``): option, label, what it does (its
+    declaration's first sentence) and its parameters with their defaults."""
+    lines = ["| `cache=` | method | what it keeps | parameters (defaults) |", "|---|---|---|---|"]
+    for name, params in METHODS.items():
+        summary = " ".join(inspect.getdoc(params).replace("``", "`").split()).split(". ")[0].rstrip(".") + "."
+        defaults = ", ".join(
+            f"`{f.name}` {_written(f.default)}"
+            for f in fields(params)
+            if f.name in parameter_names(params) and f.name != "ratio"
+        )
+        extra = f" Needs `pip install 'snapeval[{params.extra}]'`." if getattr(params, "extra", None) else ""
+        lines.append(f"| `{name}` | {params.label} | {summary}{extra} | {defaults or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _written(value: Any) -> str:
+    """A default as a command line writes it."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)

@@ -8,9 +8,10 @@ top the queue up.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from transformers import PreTrainedModel
@@ -18,7 +19,8 @@ from transformers import PreTrainedModel
 from snapeval.batch_rows import check_rows_fit
 from snapeval.cache import build_cache
 from snapeval.cache.attention import cache_keyword
-from snapeval.cache.slots import SlotCache, cached_shapes
+from snapeval.cache.slots import cached_shapes
+from snapeval.continuous.classes import RowClasses, plan_classes
 from snapeval.continuous.compiled import compile_step, compiles, pin_for_cuda_graphs
 from snapeval.continuous.prefills import Prefill, fill
 from snapeval.continuous.rows import Row, RowSampling, answer_of, load_row
@@ -41,12 +43,12 @@ class ContinuousBatcher:
             raise SnapevalError(f"must be a positive integer, got {rows!r}", "run.batch_size")
         self.model, self.rows, self.refill = model, rows, refill
         self.compiled = compiles(compile, model.device)
-        self.slots: SlotCache | None = None
+        self.slots: RowClasses | None = None
         self.cache_keyword = cache_keyword(model)
         self.steps = 0  # decode steps run, and their wall seconds (all runs of this batcher)
         self.step_seconds = 0.0
 
-    def step(self, slots: SlotCache, tokens: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+    def step(self, slots: RowClasses, tokens: torch.Tensor, rows: RowSampling) -> torch.Tensor:
         """Feed one token per row; return each row's next token (rows,). Tensor operations only."""
         slots.begin_step()
         logits = self.model(
@@ -96,19 +98,22 @@ class ContinuousBatcher:
         return cache.decode_slots(split, appended + request.max_new_tokens)
 
     def reserve(self, requests: Iterable[Request]) -> None:
-        """Allocate the slot cache for the largest of ``requests``; later runs reuse it (and its
-        compiled step) while it is large enough."""
-        capacity = max(self.slots_needed(request) for request in requests)
-        if self.slots is None or self.slots.capacity < capacity:
+        """Allocate the rows for ``requests``, in classes sized for what they hold
+        (:func:`~snapeval.continuous.classes.plan_classes`); later runs reuse them (and their compiled
+        step) while the largest is large enough."""
+        needs = [self.slots_needed(request) for request in requests]
+        if self.slots is None or self.slots.capacity < max(needs):
+            plan = plan_classes(needs, self.rows)
             shapes = cached_shapes(self.model)  # one probing forward for the check and the rows
-            check_rows_fit(self.rows, capacity, shapes, self.model.device)
-            self.slots = SlotCache.for_model(self.model, self.rows, capacity, shapes)
+            check_rows_fit(plan, shapes, self.model.device)
+            self.slots = RowClasses.for_model(self.model, plan, shapes)
             pin_for_cuda_graphs(self.slots.tensors())
 
 
 class _Run:
-    """One call of :meth:`ContinuousBatcher.run`: its queue, its rows and their sampling settings, the
-    prefills its queued requests still share, and how many requests of each prompt remain."""
+    """One call of :meth:`ContinuousBatcher.run`: its queues (one per class of rows, each request in that
+    of the smallest rows it fits), its rows and their sampling settings, the prefills its queued requests
+    still share, and how many requests of each prompt remain."""
 
     def __init__(
         self,
@@ -118,13 +123,11 @@ class _Run:
         more: Callable[[], Iterable[Request]] | None,
     ) -> None:
         device = batcher.model.device
-        self.batcher, self.queue, self.on_answer, self.more = batcher, queue, on_answer, more
-        self.shares = Counter(request.prefill_key() for request in queue)
+        self.batcher, self.on_answer, self.more = batcher, on_answer, more
+        self.queues: list[deque[Request]] = [deque() for _ in batcher.slots.parts]
+        self.shares: Counter = Counter()
         self.sampling = RowSampling.empty(batcher.rows, device)
-        for request in queue:  # settle the step's Python flags before it first compiles
-            self.sampling.note(request.sampling)
-            batcher.slots.admit(build_cache(request.cache, strict=False), len(request.prompt_ids))
-        pin_for_cuda_graphs([*self.sampling.tensors(), *batcher.slots.tensors()])  # admit may add rings
+        self.enqueue(list(queue), first=False)  # settles the step's Python flags before it first compiles
         self.step = compile_step(batcher.step, device) if batcher.compiled else batcher.step
         self.tokens = torch.zeros(batcher.rows, dtype=torch.long, device=device)
         self.rows: list[Row | None] = [None] * batcher.rows
@@ -146,15 +149,27 @@ class _Run:
         if not (self.batcher.refill or all(row is None for row in self.rows)):
             return
         for index in range(self.batcher.rows):
-            while self.rows[index] is None and self.pending():
-                self.start(index, self.queue.popleft())
+            while self.rows[index] is None and (request := self.next_for(index)) is not None:
+                self.start(index, request)
+
+    def next_for(self, index: int) -> Request | None:
+        """The next waiting request that row ``index`` holds: of its own class of rows, else of the
+        nearest smaller class."""
+        if not self.pending():
+            return None
+        part = self.batcher.slots.part_index(index)
+        return next((queue.popleft() for queue in reversed(self.queues[: part + 1]) if queue), None)
+
+    def waiting(self) -> Iterator[Request]:
+        """Every queued request."""
+        return itertools.chain.from_iterable(self.queues)
 
     def start(self, index: int, request: Request) -> None:
         """Load ``request`` into row ``index`` from its prompt's prefill and draw its first token."""
         key, setting = request.prefill_key(), request.setting
         prefill = self.live.setdefault(key, Prefill())
         if setting not in prefill.caches:
-            fill(self.batcher.model, request, self.queue, prefill)
+            fill(self.batcher.model, request, self.waiting(), prefill)
         self.shares[key] -= 1
         if self.shares[key] == 0:
             del self.live[key]  # its rows hold their copies
@@ -195,23 +210,27 @@ class _Run:
         self.enqueue(list(self.on_answer(answer) or []), first=True)
 
     def pending(self) -> bool:
-        """Whether a request waits, asking ``more`` for some when the queue is dry (until it has none)."""
-        if not self.queue and self.more is not None:
+        """Whether a request waits, asking ``more`` for some when the queues are dry (until it has none)."""
+        if not any(self.queues) and self.more is not None:
             self.enqueue(list(self.more()), first=False)
-            self.more = self.more if self.queue else None
-        return bool(self.queue)
+            self.more = self.more if any(self.queues) else None
+        return any(self.queues)
 
     def enqueue(self, added: list[Request], first: bool) -> None:
-        """Queue ``added`` (at the front when ``first``), growing the rows if one needs more slots."""
+        """Queue ``added`` (at the front when ``first``), growing the largest rows if one needs more."""
         batcher = self.batcher
+        needs = [batcher.slots_needed(request) for request in added]
         for request in added:
             self.shares[request.prefill_key()] += 1
             self.sampling.note(request.sampling)
             batcher.slots.admit(build_cache(request.cache, strict=False), len(request.prompt_ids))
-        if added and (needed := max(map(batcher.slots_needed, added))) > batcher.slots.capacity:
-            batcher.slots = batcher.slots.grown(needed)  # rare: a request longer than any reserved for
-        pin_for_cuda_graphs(batcher.slots.tensors())  # grown, or recording rings admitted
-        if first:
-            self.queue.extendleft(reversed(added))
-        else:
-            self.queue.extend(added)
+        if added and max(needs) > batcher.slots.capacity:
+            batcher.slots = batcher.slots.grown(max(needs))  # rare: a request longer than any reserved for
+        pin_for_cuda_graphs([*self.sampling.tensors(), *batcher.slots.tensors()])  # grown, or rings admitted
+        ordered = reversed(list(zip(added, needs, strict=True))) if first else zip(added, needs, strict=True)
+        for request, need in ordered:
+            queue = self.queues[batcher.slots.part_of(need)]
+            if first:
+                queue.appendleft(request)
+            else:
+                queue.append(request)

@@ -8,7 +8,7 @@ import torch
 
 from snapeval.cache import SnapevalCache, build_cache
 from snapeval.cache.eviction import Eviction
-from snapeval.cache.slots import SlotCache
+from snapeval.continuous.classes import RowClasses
 from snapeval.continuous.prefills import Prefill
 from snapeval.continuous.work import Answer, Request
 from snapeval.sampling import Sampling
@@ -33,7 +33,7 @@ class Row:
     since: int = 0  # steps since its last re-selection
     evictions: list[int] = field(default_factory=list)  # steps (tokens generated) at its re-selections
 
-    def reselect(self, slots: SlotCache, index: int) -> None:
+    def reselect(self, slots: RowClasses, index: int) -> None:
         """Note the step just fed and re-select the row (``index`` of ``slots``) if its method's rule
         says so (:mod:`snapeval.cache.eviction`)."""
         if self.eviction is None:
@@ -41,10 +41,11 @@ class Row:
         self.held, self.since = self.held + 1, self.since + 1
         if self.eviction.due(self.held, self.since):
             counts = (self.held, self.fed, self.since)
-            buffers = (slots.keys, slots.values, slots.positions)
+            part, local = slots.locate(index)
+            buffers = (part.keys, part.values, part.positions)
             prompt_length = len(self.request.prompt_ids)
-            kept = slots.recorder.reselect_row(
-                buffers, slots.rings[None], index, self.evicting, self.eviction, counts, prompt_length
+            kept = part.recorder.reselect_row(
+                buffers, part.rings[None], local, self.evicting, self.eviction, counts, prompt_length
             )
             if kept != self.held:
                 self.evictions.append(self.fed)
@@ -88,7 +89,7 @@ class RowSampling:
         self.nucleus = self.nucleus or (sampling.do_sample and sampling.top_p < 1.0)
 
 
-def load_row(slots: SlotCache, index: int, request: Request, prefill: Prefill, sampling: RowSampling) -> Row:
+def load_row(slots: RowClasses, index: int, request: Request, prefill: Prefill, sampling: RowSampling) -> Row:
     """Copy the prefilled cache of ``request`` into row ``index`` and set the row's sampling."""
     cache = prefill.caches[request.setting]  # it holds the appended query already
     held = slots.load_row(index, cache, request.max_new_tokens)
@@ -109,8 +110,9 @@ def load_row(slots: SlotCache, index: int, request: Request, prefill: Prefill, s
     )
 
 
-def answer_of(slots: SlotCache, index: int, row: Row, stopped: str) -> Answer:
-    """The answer of the row ``index`` that stopped: its tokens, seconds, slots and kept prompt."""
+def answer_of(slots: RowClasses, row_index: int, row: Row, stopped: str) -> Answer:
+    """The answer of the row ``row_index`` that stopped: its tokens, seconds, slots and kept prompt."""
+    slots, index = slots.locate(row_index)
     held = row.slots if row.fixed else row.pinned + row.fed
     prompt_length = len(row.request.prompt_ids)
     compressed = row.method != "full"
@@ -131,4 +133,5 @@ def answer_of(slots: SlotCache, index: int, row: Row, stopped: str) -> Answer:
         kept_share=share,
         evictions=tuple(row.evictions),
         kept_generated_share=generated,
+        row=row_index,
     )

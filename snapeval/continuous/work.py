@@ -61,3 +61,4 @@ class Answer:
     kept_generated_share: float | None = (
         None  # compressed methods: share of the tokens fed while decoding held
     )
+    row: int | None = None  # the batch row it decoded in

@@ -9,6 +9,7 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
+from snapeval.configs.methods import METHODS, method_label
 from snapeval.results import ALIASES
 
 #: Matplotlib settings of every figure: small serif text for a two-column paper, embeddable fonts.
@@ -37,9 +38,9 @@ PAPER_RC: dict[str, object] = {
 }
 
 #: Okabe-Ito colours, distinguishable with colour-blindness, then Tol's wine and a grey: one per method of
-#: the registry, in its order, and some left for methods outside it.
+#: the declared methods, in their order, and some left for methods outside them.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#882255", "#999999")
-#: A marker and a dash pattern per method, in the registry's order like the colours: two methods whose
+#: A marker and a dash pattern per method, in the declarations' order like the colours: two methods whose
 #: points coincide still show both (a marker inside the other, a line through the other's gaps).
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
 DASHES = (
@@ -60,22 +61,15 @@ CI_ALPHA = 0.18
 T = TypeVar("T")
 
 
-def method_label(method: str) -> str:
-    """The name of a method in figures: its class's ``label`` (:mod:`snapeval.cache.registry`)."""
-    from snapeval.cache.registry import method_label as registry_label  # torch loads only to draw
-
-    return registry_label(method)
-
-
 def method_color(method: str) -> str:
     """A fixed colour per method, the same in every figure: black for the full cache, then the palette in
-    the registry's order (a method outside it: one of the colours left, picked from its name)."""
+    the declarations' order (a method outside it: one of the colours left, picked from its name)."""
     return method_style(method)["color"]
 
 
 def method_style(method: str) -> dict[str, object]:
     """``color``, ``marker`` and ``linestyle`` of ``method``, the same in every figure; no two methods of
-    the registry share any of the three."""
+    the declarations share any of the three."""
     if method == "full":
         return dict(FULL_CACHE)
     return {
@@ -86,11 +80,9 @@ def method_style(method: str) -> dict[str, object]:
 
 
 def _pick(options: Sequence[T], method: str) -> T:
-    """The option at ``method``'s place among the registry's compressing methods; a method outside it
+    """The option at ``method``'s place among the declared compressing methods; a method outside it
     gets one of the options left, picked from its name."""
-    from snapeval.cache.registry import method_classes
-
-    compressing = [name for name in method_classes() if name != "full"]
+    compressing = [name for name in METHODS if name != "full"]
     if method in compressing:
         return options[compressing.index(method) % len(options)]
     unused = options[len(compressing) :] or options

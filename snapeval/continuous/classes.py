@@ -1,0 +1,186 @@
+"""The batcher's rows in capacity classes: each request decodes in a row sized for what it holds.
+
+A grid's settings need very different rows: the full cache every prompt token plus the answer, a
+SnapStream setting its budget. Rows all sized for the largest request would make every compressed row
+attend over (and allocate) the full cache's slots at every step. :func:`plan_classes` groups the
+requests by the slots they need into a few classes and gives each class rows in proportion to its
+requests; :class:`RowClasses` holds one :class:`~snapeval.cache.slots.SlotCache` per class, stacked as
+consecutive rows of one batch. A decode step is still one model call (the weights are read once); at
+each layer the snapeval attention attends each class over its own slots (:meth:`RowClasses.decode_parts`).
+A row's result does not depend on the class it sits in: its slots past what it holds are masked out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from snapeval.cache import SnapevalCache
+from snapeval.cache.slots import SlotCache
+from snapeval.couplings import engine_bypassed
+
+MAX_CLASSES = 8
+"""The most classes of rows: each adds an attention call per layer and step."""
+NEAR = 7 / 8
+"""Classes whose capacities are within this ratio are merged: the rows they would save are few."""
+
+
+def plan_classes(needs: Iterable[int], rows: int) -> list[tuple[int, int]]:
+    """(capacity, rows) per class, ascending capacity, for requests needing ``needs`` slots and ``rows``
+    rows in all: near capacities merged, then the classes that waste fewest slots when merged into the
+    next larger one until at most ``min(rows, MAX_CLASSES)`` remain; each class gets one row, and every
+    further row goes to the class with the most requests per row."""
+    classes = sorted(Counter(needs).items())  # (capacity, requests)
+    limit = min(rows, MAX_CLASSES)
+
+    def merge(index: int) -> None:  # class ``index`` into the next larger one
+        (_, requests), (capacity, more) = classes[index], classes[index + 1]
+        classes[index : index + 2] = [(capacity, requests + more)]
+
+    while near := [i for i in range(len(classes) - 1) if classes[i][0] >= NEAR * classes[i + 1][0]]:
+        merge(near[0])
+    while len(classes) > limit:
+        waste = [classes[i][1] * (classes[i + 1][0] - classes[i][0]) for i in range(len(classes) - 1)]
+        merge(waste.index(min(waste)))
+    counts = [1] * len(classes)
+    for _ in range(rows - len(classes)):
+        most = max(range(len(classes)), key=lambda index: classes[index][1] / counts[index])
+        counts[most] += 1
+    return [(capacity, count) for (capacity, _), count in zip(classes, counts, strict=True)]
+
+
+class RowClasses:
+    """Rows in classes of their own capacity (``parts``, ascending), as one cache for the model's step.
+
+    Row ``index`` of the batch is row ``index - offset`` of the part that holds it (:meth:`locate`). Pass
+    it as the model's cache with ``attention_mask=mask()`` and ``position_ids=seen[:, None]``, between
+    :meth:`begin_step` and :meth:`end_step`, as a :class:`SlotCache`; with one part it is that part.
+    """
+
+    owns_decode_mask = True
+    """The snapeval attention asks the cache for its decode masks (:meth:`decode_parts`)."""
+
+    def __init__(self, parts: list[SlotCache]) -> None:
+        self.parts = parts
+        self.offsets = [sum(part.rows for part in parts[:index]) for index in range(len(parts))]
+        self.rows = sum(part.rows for part in parts)
+        self.capacity = parts[-1].capacity
+        device = parts[0].seen.device
+        self.attended = torch.zeros(parts[0].num_layers, dtype=torch.bool, device=device)
+        self.unused_mask = torch.ones(self.rows, 1, 1, 1, dtype=torch.bool, device=device)
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, plan: list[tuple[int, int]], shapes: tuple) -> RowClasses:
+        """Rows for ``model`` in the classes of ``plan`` (:func:`plan_classes`)."""
+        return cls([SlotCache.for_model(model, rows, capacity, shapes) for capacity, rows in plan])
+
+    # --- rows -----------------------------------------------------------------------------------
+    def part_index(self, row: int) -> int:
+        """The index of the part holding batch row ``row``."""
+        return max(index for index, offset in enumerate(self.offsets) if offset <= row)
+
+    def locate(self, row: int) -> tuple[SlotCache, int]:
+        """The part holding batch row ``row`` and the row's index in it."""
+        index = self.part_index(row)
+        return self.parts[index], row - self.offsets[index]
+
+    def part_of(self, slots: int) -> int:
+        """The index of the smallest part whose rows hold ``slots`` (the largest if none does)."""
+        return next((i for i, part in enumerate(self.parts) if part.capacity >= slots), len(self.parts) - 1)
+
+    def load_row(self, row: int, cache: SnapevalCache, new_tokens: int) -> int:
+        """Copy a prefilled ``cache`` into batch row ``row`` (see :meth:`SlotCache.load_row`)."""
+        part, index = self.locate(row)
+        return part.load_row(index, cache, new_tokens)
+
+    def admit(self, cache: SnapevalCache, prompt_length: int = 0) -> None:
+        """Prepare every part's step for rows loaded from ``cache`` (see :meth:`SlotCache.admit`)."""
+        for part in self.parts:
+            part.admit(cache, prompt_length)
+
+    def grown(self, capacity: int) -> RowClasses:
+        """A copy whose largest part holds ``capacity`` slots per row (see :meth:`SlotCache.grown`)."""
+        return RowClasses([*self.parts[:-1], self.parts[-1].grown(capacity)])
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every buffer of every part (their storage never changes while they live)."""
+        return [*(t for part in self.parts for t in part.tensors()), self.attended, self.unused_mask]
+
+    # --- one decode step ------------------------------------------------------------------------
+    @property
+    def seen(self) -> torch.Tensor:
+        """(rows,) tokens each row has seen: the position of the token it is fed next."""
+        if len(self.parts) == 1:
+            return self.parts[0].seen
+        return torch.cat([part.seen for part in self.parts])
+
+    def mask(self) -> torch.Tensor:
+        """The step's attention mask for the model's call (one part's own; with several, a placeholder:
+        the snapeval attention asks each part for its mask)."""
+        return self.parts[0].mask() if len(self.parts) == 1 else self.unused_mask
+
+    def begin_step(self) -> None:
+        for part in self.parts:
+            part.begin_step()
+        self.attended.zero_()
+
+    def end_step(self) -> None:
+        for part in self.parts:
+            part.end_step()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """transformers' cache hook: write each row's token into its part; with one part, return the keys
+        and values to attend (with several, the attention reads each part's in :meth:`decode_parts`)."""
+        if len(self.parts) == 1:
+            return self.parts[0].update(key_states, value_states, layer_idx)
+        for offset, part in zip(self.offsets, self.parts, strict=True):
+            rows = slice(offset, offset + part.rows)
+            part.write(key_states[rows], value_states[rows], layer_idx)
+        return key_states, value_states
+
+    def decode_parts(
+        self, layer_idx: int, key: torch.Tensor, value: torch.Tensor, num_heads: int, window: int | None
+    ) -> list[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per part: its batch rows, the keys and values they attend at ``layer_idx`` and their mask
+        (``key``/``value``: what :meth:`update` returned)."""
+        if len(self.parts) == 1:
+            return [(slice(None), key, value, self.parts[0].attention_mask(layer_idx, 1, num_heads, window))]
+        return [
+            (
+                slice(offset, offset + part.rows),
+                part.keys_to_attend(layer_idx),
+                part.values[layer_idx],
+                part.attention_mask(layer_idx, 1, num_heads, window),
+            )
+            for offset, part in zip(self.offsets, self.parts, strict=True)
+        ]
+
+    def note_attended(self, layer_idx: int) -> None:
+        """The snapeval attention took the cache for ``layer_idx`` (a tensor write: compiled steps too)."""
+        self.attended[layer_idx] = True
+
+    def check_step_attended(self) -> None:
+        """After a step: raise if a layer's attention did not take the cache (the engine was bypassed)."""
+        if not bool(self.attended.all()):
+            raise engine_bypassed(int((~self.attended).nonzero()[0, 0]))
+
+    @property
+    def wants_layer_inputs(self) -> bool:
+        """Whether the step hands the attention its module's inputs (a row's method scores from them)."""
+        return any(part.wants_layer_inputs for part in self.parts)
+
+    def record(
+        self, layer_idx: int, query: torch.Tensor, module: torch.nn.Module, inputs: Mapping[str, Any] | None
+    ) -> None:
+        """After a step's attention of ``layer_idx``: each part notes its rows' query and inputs."""
+        for offset, part in zip(self.offsets, self.parts, strict=True):
+            rows = slice(offset, offset + part.rows)
+            hidden = {"hidden_states": inputs["hidden_states"][rows]} if inputs else None
+            part.record(layer_idx, query[rows], module, hidden)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """What transformers < 5.3 asks before a step (see :meth:`SlotCache.get_seq_length`): 0."""
+        return 0
