@@ -25,7 +25,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from snapeval.cache import SageKVCache, SnapKVCache, SnapStreamCache, StreamingLLMCache
 from snapeval.cache.attention import ATTENTION_NAME
-from snapeval.cache.base import LayerPrompt
+from snapeval.cache.method import LayerPrompt
 
 from .conftest import TINY_VOCAB
 

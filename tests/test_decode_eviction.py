@@ -17,8 +17,9 @@ import torch
 from transformers import DynamicCache
 
 from snapeval.cache import build_cache
-from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
+from snapeval.cache.base import SnapevalCache
 from snapeval.cache.eviction import Eviction
+from snapeval.cache.method import LayerPrompt, Selection
 from snapeval.continuous import Request
 from snapeval.generation import generate
 from snapeval.sampling import Sampling

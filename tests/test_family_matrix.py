@@ -27,7 +27,7 @@ import torch
 
 from snapeval.cache import build_cache, install
 from snapeval.cache.attention import ROPE_ROTATION, ROTARY_MODULE, check_model_config
-from snapeval.cache.base import LAYER_WINDOW
+from snapeval.cache.method import LAYER_WINDOW
 from snapeval.cache.rope import KeyRotation
 from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.errors import SnapevalError

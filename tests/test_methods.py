@@ -38,7 +38,8 @@ from typing import ClassVar
 
 import torch
 
-from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
+from snapeval.cache.base import SnapevalCache
+from snapeval.cache.method import LayerPrompt, Selection
 from snapeval.cache.scoring import top_columns
 from snapeval.errors import SnapevalError
 

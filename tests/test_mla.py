@@ -24,8 +24,9 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
 from snapeval import runner
 from snapeval.cache import build_cache, install
-from snapeval.cache.base import Selection, SnapevalCache
+from snapeval.cache.base import SnapevalCache
 from snapeval.cache.grid import CacheGrid
+from snapeval.cache.method import Selection
 from snapeval.cache.scoring import prompt_window_attention
 from snapeval.cache.slots import SlotCache
 from snapeval.continuous import ContinuousBatcher, Request

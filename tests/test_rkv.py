@@ -21,7 +21,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from snapeval.cache import build_cache, install
 from snapeval.cache import redundancy as redundancy_module
 from snapeval.cache.attention import ATTENTION_NAME
-from snapeval.cache.base import LayerPrompt
+from snapeval.cache.method import LayerPrompt
 from snapeval.cache.redundancy import importance, kept_slots, redundancy, rkv_scores
 from snapeval.cache.rkv import RKVCache
 from snapeval.continuous import Request

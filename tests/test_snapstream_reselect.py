@@ -21,8 +21,9 @@ from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from snapeval.cache import SnapStreamCache, build_cache, effective_params, install
-from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
+from snapeval.cache.base import SnapevalCache
 from snapeval.cache.eviction import Eviction
+from snapeval.cache.method import LayerPrompt, Selection
 from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.generation import generate, prefill_logits
 

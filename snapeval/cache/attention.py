@@ -37,8 +37,9 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
-from snapeval.cache.base import LAYER_WINDOW, SnapevalCache
+from snapeval.cache.base import SnapevalCache
 from snapeval.cache.decode_attention import grouped_decode_attention
+from snapeval.cache.method import LAYER_WINDOW
 from snapeval.cache.mla import absorbed_decode_attention, is_latent, up_projections
 from snapeval.cache.rope import key_rotation
 from snapeval.couplings import (

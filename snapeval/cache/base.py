@@ -1,130 +1,38 @@
-"""The base class of all caches, and what a method sees of a layer's prompt and keeps of it.
-
-A subclass of :class:`SnapevalCache` states its algorithm in :meth:`SnapevalCache.select`: from a layer's
-:class:`LayerPrompt` (its post-RoPE keys and queries at the end of prefill) it returns a
-:class:`Selection`, which the layer's storage (:class:`~snapeval.cache.layer.KVLayer`, where the rules
-for rings and sliding windows are) keeps.
+"""The base class of all caches: a :class:`~snapeval.cache.method.CacheMethod` as transformers needs a
+cache to be (``update`` before each layer's attention, the prefill's compression, decode masks, the
+engine's in-the-loop check, and what a cache holds).
 """
 
 from __future__ import annotations
 
-import math
-from abc import abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
 
-from snapeval.cache.eviction import Eviction, compacted
-from snapeval.cache.layer import KVLayer, Selection
-from snapeval.cache.mla import is_latent, latent_keys, latent_queries
+from snapeval.cache.layer import KVLayer
+from snapeval.cache.method import CacheMethod, LayerPrompt
 from snapeval.cache.ring import EMPTY
-from snapeval.configs.methods import method_params, parameter_names, stored_params
 from snapeval.couplings import engine_bypassed
 from snapeval.errors import SnapevalError
 
-LAYER_WINDOW = "snapeval_sliding_window"  # an attention module's sliding window, as its prefill passed it
 
-
-@dataclass
-class LayerPrompt:
-    """One layer's prompt at the end of prefill, as every method selects from it.
-
-    ``keys``: (batch, kv_heads, L, head_dim) post-RoPE keys as the layer caches them (for MLA: the latent,
-    one cache head, with the rotary key as ``values``); ``query``: (batch, heads, L, head_dim) post-RoPE
-    queries as the attention function received them; ``valid``: (batch, L) real (non-padding) columns;
-    ``scaling``: the attention scale.
-    ``scores``: where scoring keeps what several selections from one prefill share (see
-    :mod:`snapeval.cache.scoring`); a prompt is never changed in place. ``values``, the attention
-    ``module`` and its forward's keyword ``inputs`` (``hidden_states``, ``position_embeddings``, ...) are
-    there for methods that score from them (``inputs`` only for a cache with ``wants_layer_inputs``).
-
-    At a decode-time re-selection (:mod:`snapeval.cache.eviction`) the same fields describe what a layer
-    holds: ``keys``/``values`` its held slots in storage order, ``positions`` (batch, cache_heads, S) their
-    input columns, ``query`` the recent queries (oldest first; possibly none), ``valid`` all true,
-    ``prompt_length`` the columns before decoding began, and ``inputs`` the recent attention inputs
-    (``hidden_states`` (batch, n, hidden), oldest first) and the last fed token's
-    ``position_embeddings``.
-    """
-
-    keys: torch.Tensor
-    query: torch.Tensor
-    valid: torch.Tensor
-    scaling: float
-    scores: dict = field(default_factory=dict)
-    values: torch.Tensor | None = None
-    module: torch.nn.Module | None = None
-    inputs: Mapping[str, Any] = field(default_factory=dict)
-    positions: torch.Tensor | None = None
-    prompt_length: int | None = None
-
-    @property
-    def length(self) -> int:
-        return self.keys.shape[2]
-
-    @property
-    def sliding_window(self) -> int | None:
-        """The layer's sliding window (None: a full-attention layer): its scores see only inside it."""
-        return getattr(self.module, LAYER_WINDOW, None)
-
-    @property
-    def cache_heads(self) -> int:
-        """Heads the layer's cache holds, each selected for on its own: its KV heads (MLA: one latent)."""
-        return self.keys.shape[1]
-
-    def scoring_keys(self) -> torch.Tensor:
-        """(batch, cache_heads, L, d) the keys queries are scored against: the cached keys, or for MLA the
-        latent keys ``[c, k_rot]`` (see :mod:`snapeval.cache.mla`)."""
-        if is_latent(self.module):
-            return latent_keys(self.keys, self.values)
-        return self.keys
-
-    def window_queries(self, window: int) -> torch.Tensor:
-        """(batch, heads, window, d) the last ``window`` queries, in the space of :meth:`scoring_keys`."""
-        query = self.query[:, :, -window:]
-        return latent_queries(self.module, query) if is_latent(self.module) else query
-
-
-class SnapevalCache(Cache):
+class SnapevalCache(CacheMethod, Cache):
     """Base of every snapeval cache. A subclass states its algorithm in :meth:`select`.
 
     Use it like any transformers cache: ``model.generate(ids, past_key_values=SnapStreamCache(budget=1024))``
     on a model prepared with :func:`snapeval.cache.install`. A cache object serves one generation.
     """
 
-    method: str = "base"
-    """The name in configs and results (a declared method's: its declaration's)."""
-    label: str = ""
-    """The name in figures (a declared method's: its declaration's)."""
-    params_class: ClassVar[type | None] = None
-    """The method's declaration (a dataclass of :mod:`snapeval.configs.cache`): its name and label, and
-    the constructor's keyword arguments, checked by it and each kept as an attribute of that name."""
-    wants_layer_inputs = False
-    """True for a method that scores from an attention module's forward inputs (:class:`LayerPrompt`)."""
-    selects_before_prefill = False
-    """True for a method that chooses which prompt tokens to prefill (:meth:`prefill_input`): its prefill
-    is its own, never shared with other settings."""
     owns_decode_mask = True
     """The snapeval attention asks the cache for its decode masks (:meth:`attention_mask`)."""
     unattended: int | None = None
     """The layer whose keys this cache took last and whose attention has not yet taken the cache."""
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        declaration = vars(cls).get("params_class")
-        if declaration is not None and isinstance(vars(declaration).get("label"), str):
-            cls.method, cls.label = declaration.__dataclass_fields__["method"].default, declaration.label
-
     def __init__(self, **params: Any) -> None:
-        unknown = sorted(set(params) - set(self.parameter_names()))
-        if unknown:
-            raise TypeError(f"{type(self).__name__} takes no parameter {', '.join(unknown)}")
-        made = method_params(self.params_class, params) if self.params_class is not None else None
+        self.take_params(params)
         super().__init__(layer_class_to_replicate=KVLayer)
-        for name in self.parameter_names():
-            setattr(self, name, getattr(made, name))
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """transformers' cache hook, called right before a layer's attention: the layer before this one must
@@ -145,40 +53,6 @@ class SnapevalCache(Cache):
         after every forward call of an installed model."""
         if self.unattended is not None:
             raise engine_bypassed(self.unattended)
-
-    @abstractmethod
-    def select(self, prompt: LayerPrompt) -> Selection:
-        """Choose what a layer keeps of its ``prompt``."""
-
-    @classmethod
-    def parameter_names(cls) -> list[str]:
-        """The method's parameters: the fields of its ``params_class`` that it takes."""
-        return parameter_names(cls.params_class)
-
-    def params(self) -> dict:
-        """The method and its parameters, as stored with results."""
-        return {"method": self.method, **stored_params(self.params_class, self)}
-
-    def decode_eviction(self, prompt_length: int) -> Eviction | None:
-        """How this cache evicts while decoding after a prompt of ``prompt_length`` tokens, or None: it
-        never re-selects (a method that does overrides this and :meth:`reselect`)."""
-        return None
-
-    def reselect(self, held: LayerPrompt, keep: int) -> torch.Tensor:
-        """(batch, cache_heads, n <= keep) the slots of ``held`` (a layer's held slots, see
-        :class:`LayerPrompt`) to keep at a decode-time re-selection, in the order to store them."""
-        raise NotImplementedError(f"{type(self).__name__} does not re-select while decoding")
-
-    def decode_slots(self, prompt_length: int, new_tokens: int) -> int:
-        """Slots one row needs at a fixed shape: ``prompt_length`` compressed prompt tokens, then
-        ``new_tokens`` appended (a query after the compressed part, and every token generated)."""
-        return prompt_length + new_tokens
-
-    def prefill_input(
-        self, model: torch.nn.Module, prompt_ids: list[int]
-    ) -> tuple[list[int], list[int] | None]:
-        """The tokens to prefill for ``prompt_ids`` and their positions in it (None: all, in order)."""
-        return list(prompt_ids), None
 
     def awaiting_prefill(self, layer_idx: int) -> bool:
         return not self.layers[layer_idx].prefilled
@@ -277,19 +151,6 @@ class SnapevalCache(Cache):
             prompt_length=prompt_length,
         )
 
-    def reselected(
-        self, held: LayerPrompt, eviction: Eviction
-    ) -> tuple[tuple[torch.Tensor, ...], int] | None:
-        """The row a re-selection leaves of ``held`` and how many slots it keeps: the slots
-        :meth:`reselect` names, first, in a row of ``eviction.slots`` slots; None for a row holding no more
-        than ``eviction.keep`` (left as it is)."""
-        if held.length <= eviction.keep:
-            return None
-        kept = self.reselect(held, eviction.keep)
-        if not 0 < kept.shape[-1] < eviction.slots:
-            raise SnapevalError(f"{self.method} kept {kept.shape[-1]} of {eviction.slots} slots", "cache")
-        return compacted((held.keys, held.values, held.positions), kept, eviction.slots), kept.shape[-1]
-
     def attention_keys(self, layer_idx: int, key: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
         """The keys a decode step of ``layer_idx`` attends to: the cached ``key`` itself, by default."""
         return key
@@ -346,10 +207,3 @@ def histogram_of_kept(positions: torch.Tensor, prompt_length: int, bins: int = 1
     per_bin = torch.histogram(torch.arange(prompt_length, dtype=torch.float32), bins=edges).hist
     share = counts / (per_bin.clamp(min=1) * positions[..., 0].numel())
     return {"bins": (edges / prompt_length).tolist(), "counts": share.tolist()}
-
-
-def resolve_budget(budget: int | None, ratio: float | None, prompt_length: int, minimum: int) -> int:
-    """Slots for a prompt: ``budget`` as given, or ``ceil(ratio * prompt_length)`` (at least ``minimum``)."""
-    if budget is not None:
-        return budget
-    return max(minimum, math.ceil(ratio * prompt_length))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
+from snapeval.cache.base import SnapevalCache
+from snapeval.cache.method import LayerPrompt, Selection
 from snapeval.configs.cache import Full
 
 

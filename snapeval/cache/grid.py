@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
-from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
+from snapeval.cache.base import SnapevalCache
+from snapeval.cache.method import LayerPrompt, Selection
 from snapeval.errors import SnapevalError
 
 

@@ -9,8 +9,9 @@ from typing import Any
 import torch
 
 from snapeval.cache.attention import ROTARY_MODULE
-from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
+from snapeval.cache.base import SnapevalCache
 from snapeval.cache.eviction import Eviction
+from snapeval.cache.method import LayerPrompt, Selection
 from snapeval.cache.mla import is_latent
 from snapeval.cache.ring import EMPTY
 from snapeval.cache.scoring import top_columns

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache
+from snapeval.cache.base import SnapevalCache
 from snapeval.cache.eviction import Eviction
+from snapeval.cache.method import LayerPrompt, Selection
 from snapeval.cache.redundancy import importance, kept_slots, mixed, redundancy, rkv_scores
 from snapeval.cache.scoring import top_columns
 from snapeval.configs.cache import RKV

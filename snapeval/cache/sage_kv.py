@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from snapeval.cache.base import EMPTY, LayerPrompt, Selection, SnapevalCache, resolve_budget
+from snapeval.cache.base import EMPTY, SnapevalCache
+from snapeval.cache.method import LayerPrompt, Selection, resolve_budget
 from snapeval.cache.scoring import first_valid_columns, prompt_window_attention, reduce_gqa, top_columns
 from snapeval.configs.cache import SageKV
 

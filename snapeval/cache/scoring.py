@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from snapeval.cache.base import EMPTY, LayerPrompt
+from snapeval.cache.base import EMPTY
+from snapeval.cache.method import LayerPrompt
 
 
 def window_attention(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
+from snapeval.cache.base import SnapevalCache
+from snapeval.cache.method import LayerPrompt, Selection, resolve_budget
 from snapeval.cache.scoring import snapkv_priority, top_columns
 from snapeval.configs.cache import SnapKV
 

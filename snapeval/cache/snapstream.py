@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
+from snapeval.cache.base import SnapevalCache
 from snapeval.cache.eviction import Eviction
+from snapeval.cache.method import LayerPrompt, Selection, resolve_budget
 from snapeval.cache.scoring import first_valid_columns, snapkv_priority, top_columns
 from snapeval.configs.cache import SnapStream
 

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from snapeval.cache.attention import cache_keyword
-from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
+from snapeval.cache.base import SnapevalCache
+from snapeval.cache.method import LayerPrompt, Selection, resolve_budget
 from snapeval.cache.scoring import prompt_window_attention
 from snapeval.configs.cache import SELF_DRAFT, SpeculativePrefill
 from snapeval.errors import SnapevalError

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from snapeval.cache.attention import ROPE_ROTATION
-from snapeval.cache.base import LayerPrompt, Selection, SnapevalCache, resolve_budget
+from snapeval.cache.base import SnapevalCache
+from snapeval.cache.method import LayerPrompt, Selection, resolve_budget
 from snapeval.cache.ring import rerotated_sinks
 from snapeval.cache.rope import KeyRotation
 from snapeval.cache.scoring import first_valid_columns, top_columns
