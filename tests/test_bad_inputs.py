@@ -305,7 +305,7 @@ def test_as_commands_one_line_and_exit_code_2(tmp_path, args, expected):
 def test_press_args_are_read_as_json_whether_or_not_kvpress_is_installed():
     from snapeval.cache.kvpress import _press
 
-    with pytest.raises(SnapevalError, match=r"^cache.press_args: must be a JSON object .* got '{bad' \("):
+    with pytest.raises(SnapevalError, match=r"^cache.press_args: must be a JSON object .* got '{bad'$"):
         _press("SnapKVPress", "{bad")
     with pytest.raises(SnapevalError, match=r"^cache.press_args: must be a JSON object"):
         _press("SnapKVPress", "[1, 2]")

@@ -43,7 +43,7 @@ SCHEMA = [  # refused by the config's declarations, before torch loads
     (["task.contxt_length=5"], "task.contxt_length: unknown key; task has context_length, kind,"),
     (["+foo=1"], "foo: unknown key; the config has cache, generation, grid, hardware, job, memory, model,"),
     (["memory.fo=1"], "memory.fo: no such key (check its spelling; +KEY=... adds a new one)"),
-    (["cache=snapkv", "cache.window=abc"], "cache.window: must be an integer, got 'abc'"),
+    (["cache=snapkv", "cache.window=abc"], "cache.window: must be an integer >= 1, got 'abc'"),
     (["task=livecodebench", "task.stop=3"], "task.stop: must be a list, got 3"),
     (["model.device=cuda"], "model.device: CUDA is not available on this machine"),
     (
@@ -66,7 +66,7 @@ SCHEMA = [  # refused by the config's declarations, before torch loads
 ENGINE = [  # refused by the engine's or the task's own checks, still before any model loads
     (["cache=snapstream", "cache.budget=50"], "cache.budget: must be an integer larger than"),
     (["cache=snapkv", "cache.kernel=4"], "cache.kernel: must be a positive odd integer"),
-    (["cache=snapkv", "cache.pooling=median"], "cache.pooling: unknown pooling 'median'"),
+    (["cache=snapkv", "cache.pooling=median"], "cache.pooling: must be one of max, avg, got 'median'"),
     (
         ["task=longbench_v2_cot", "task.answer_pass.prompt=snapeval.tasks.longbench_v2.nope"],
         "task.answer_pass.prompt: cannot import 'snapeval.tasks.longbench_v2.nope'",

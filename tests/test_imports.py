@@ -103,9 +103,8 @@ def test_no_import_cycles() -> None:
 #: results.
 ENGINE_DEPENDENCIES = {
     "snapeval.errors": "the one error type",
-    "snapeval.configs.cache": "each method's parameters: torch-free dataclasses, defaults and checks",
+    "snapeval.configs.cache": "each method's declaration: torch-free dataclasses, defaults and checks",
     "snapeval.configs.methods": "the methods by name, and what results store of their parameters",
-    "snapeval.configs.values": "the checks of single parameter values",
     "snapeval.couplings": "the transformers conventions it relies on, the tested versions, the bypass error",
 }
 

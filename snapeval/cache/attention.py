@@ -41,7 +41,7 @@ from snapeval.cache.base import SnapevalCache
 from snapeval.cache.decode_attention import grouped_decode_attention
 from snapeval.cache.method import LAYER_WINDOW
 from snapeval.cache.mla import absorbed_decode_attention, is_latent, up_projections
-from snapeval.cache.rope import key_rotation
+from snapeval.cache.rope import key_rotation, rope_inv_freq
 from snapeval.couplings import (
     CACHE_PARAMETERS,
     MLA_LATENT_CACHE,
@@ -176,20 +176,6 @@ def _valid_columns(attention_mask: torch.Tensor | None, key: torch.Tensor) -> to
     return torch.cat([mask[:, -1, :earlier], diagonal], dim=-1).expand(batch, kv_len)
 
 
-def _rope_inv_freq(model: PreTrainedModel) -> torch.Tensor | None:
-    """The model's RoPE inverse frequencies (float32), or None where the engine cannot read them.
-
-    Unreadable: no ``rotary_emb.inv_freq`` on the decoder (e.g. per-layer-type RoPE), or frequencies that
-    change with the sequence length (dynamic NTK, LongRoPE). Partial rotary shows up at use, as too few
-    frequencies for the head dimension.
-    """
-    rotary = getattr(model.get_decoder(), "rotary_emb", None)
-    inv_freq, rope_type = getattr(rotary, "inv_freq", None), getattr(rotary, "rope_type", None)
-    if not isinstance(inv_freq, torch.Tensor) or rope_type in ("dynamic", "longrope"):
-        return None
-    return inv_freq.detach().float().clone()
-
-
 def cache_names(module: torch.nn.Module) -> tuple[tuple[str, ...], int | None]:
     """The names under which ``module``'s ``forward`` may be handed the cache, the one it declares first
     (then the other :data:`~snapeval.couplings.CACHE_PARAMETERS`, which a caller may still use as aliases),
@@ -289,7 +275,7 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
             f"latent (installed: {transformers_version()})",
             "model",
         )
-    inv_freq = _rope_inv_freq(model)
+    inv_freq = rope_inv_freq(model)
     rotary = getattr(model.get_decoder(), "rotary_emb", None)
     implementation = model.config._attn_implementation
     eager = implementation in ("eager", EAGER_ATTENTION_NAME)

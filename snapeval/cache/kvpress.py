@@ -15,8 +15,7 @@ from snapeval.cache.method import LayerPrompt, Selection
 from snapeval.cache.mla import is_latent
 from snapeval.cache.ring import EMPTY
 from snapeval.cache.scoring import top_columns
-from snapeval.configs.cache import Kvpress
-from snapeval.configs.values import press_arguments
+from snapeval.configs.cache import Kvpress, press_arguments
 from snapeval.errors import SnapevalError
 
 INSTALL = "pip install 'snapeval[kvpress]'"

@@ -90,3 +90,17 @@ def key_rotation(model: torch.nn.Module, module: torch.nn.Module, inv_freq: torc
         if torch.allclose(turned, expected.float(), rtol=1e-3, atol=1e-3):
             return KeyRotation(inv_freq, interleaved)
     return f"{family}: re-rotating keys needs RoPE that pairs dimensions half-split or interleaved"
+
+
+def rope_inv_freq(model: torch.nn.Module) -> torch.Tensor | None:
+    """The model's RoPE inverse frequencies (float32), or None where the engine cannot read them.
+
+    Unreadable: no ``rotary_emb.inv_freq`` on the decoder (e.g. per-layer-type RoPE), or frequencies that
+    change with the sequence length (dynamic NTK, LongRoPE). Partial rotary shows up at use, as too few
+    frequencies for the head dimension.
+    """
+    rotary = getattr(model.get_decoder(), "rotary_emb", None)
+    inv_freq, rope_type = getattr(rotary, "inv_freq", None), getattr(rotary, "rope_type", None)
+    if not isinstance(inv_freq, torch.Tensor) or rope_type in ("dynamic", "longrope"):
+        return None
+    return inv_freq.detach().float().clone()

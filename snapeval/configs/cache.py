@@ -1,8 +1,9 @@
 """The cache methods' declarations: one dataclass per built-in method, the ``cache`` node of the config.
 
 Each dataclass is a method's single declaration: its name (``method``), its ``label`` in figures and
-tables, the optional ``extra`` it needs, and its parameters, their types, defaults and checks
-(``__post_init__``, one :class:`~snapeval.errors.SnapevalError` naming ``cache.<field>``). Everything
+tables, the optional ``extra`` it needs, and its parameters, their types, defaults and checks (each
+field's :func:`~snapeval.configs.fields.setting` check, relations between fields in ``__post_init__``;
+one :class:`~snapeval.errors.SnapevalError` naming ``cache.<field>``). Everything
 else is derived from it (:mod:`snapeval.configs.methods`): the list of methods, Hydra's ``cache`` options
 (``cache=snapstream cache.budget=256``), what results store of a config, figure labels and styles, the
 method table of ``docs/methods.md``, and the engine class's name and label (the engine points at its
@@ -13,21 +14,11 @@ imports torch: a bad parameter is refused before any model loads.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from snapeval.configs.fields import setting
-from snapeval.configs.values import (
-    GQA_REDUCTIONS,
-    check_budget,
-    check_choice,
-    check_count,
-    check_fraction,
-    check_odd,
-    check_slots,
-    check_snapkv_scoring,
-    press_arguments,
-)
+from snapeval.configs.fields import Checked, boolean, choice, json_object, number, odd, setting, slots
 from snapeval.errors import SnapevalError
 
 DEFAULT_BUDGET = 1024
@@ -36,16 +27,55 @@ SELF_DRAFT = "self"
 """The speculative prefill draft that is the target model itself."""
 
 
+POOLINGS = ("max", "avg")
+GQA_REDUCTIONS = ("mean", "max")
+
+
 def ignored() -> Any:
     """A field the method takes no notice of (a sweep may give it to every method): never stored."""
     return setting(None, stored=False, help="ignored by this method")
 
 
+def draft_name(value: Any) -> str | None:
+    """A speculative prefill draft: a model's name, a Hub id, or :data:`SELF_DRAFT`."""
+    return None if isinstance(value, str) and value else f"a model name, a Hub id or {SELF_DRAFT!r}"
+
+
+def check_slot_count(value: Any, field: str, low: int, optional: bool = False) -> None:
+    """Refuse ``value`` for ``field`` unless it is a count of slots >= ``low`` (a field checked only in
+    some settings of its method)."""
+    if (takes := slots(low, optional)(value)) is not None:
+        raise SnapevalError(f"must be {takes}, got {value!r}", field)
+
+
+def check_budget(budget: int | None, ratio: float | None, reserved: int, reserved_what: str) -> None:
+    """Exactly one of ``budget`` (slots) or ``ratio`` (kept share of the prompt); budget > reserved."""
+    if (budget is None) == (ratio is None):
+        raise SnapevalError(
+            "give exactly one of cache.budget (slots) or cache.ratio (share kept)", "cache.budget"
+        )
+    if ratio is not None and (takes := number(0, 1, low_open=True)(ratio)) is not None:
+        raise SnapevalError(f"must be {takes}, got {ratio}", "cache.ratio")
+    if budget is not None and (not isinstance(budget, int) or budget <= reserved):
+        raise SnapevalError(
+            f"must be an integer larger than {reserved_what} = {reserved}, got {budget}", "cache.budget"
+        )
+    check_slot_count(budget, "cache.budget", reserved + 1, optional=True)
+
+
+def press_arguments(press_args: str) -> dict[str, Any]:
+    """A kvpress press's ``press_args``, a JSON object, read; anything else refused in one line."""
+    if (takes := json_object(press_args)) is not None:
+        raise SnapevalError(f"must be {takes}, got {press_args!r}", "cache.press_args")
+    return json.loads(press_args)
+
+
 @dataclass
-class Full:
+class Full(Checked):
     """Full KV cache: keeps every prompt token and appends every generated one; the reference every
     compressed method is measured against. No parameters (``budget`` and ``ratio`` are ignored)."""
 
+    path: ClassVar[str] = "cache"
     label: ClassVar[str] = "Full cache"  # its name in figures and tables
     method: str = "full"
     budget: int | None = ignored()
@@ -53,7 +83,7 @@ class Full:
 
 
 @dataclass
-class StreamingLLM:
+class StreamingLLM(Checked):
     """StreamingLLM (arXiv:2309.17453): the first ``sinks`` tokens and a ring of the most recent
     ``budget - sinks`` tokens, which each generated token advances. ``rerotate`` gives keys their position
     inside the cache, as the original does.
@@ -61,22 +91,21 @@ class StreamingLLM:
     ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
     """
 
+    path: ClassVar[str] = "cache"
     label: ClassVar[str] = "StreamingLLM"  # its name in figures and tables
     method: str = "streaming_llm"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
-    sinks: int = 4
-    rerotate: bool = False
+    sinks: int = setting(4, check=slots(0))
+    rerotate: bool = setting(False, check=boolean)
 
     def __post_init__(self) -> None:
-        check_count(self.sinks, "cache.sinks", 0)
+        super().__post_init__()
         check_budget(self.budget, self.ratio, self.sinks, "cache.sinks")
-        if not isinstance(self.rerotate, bool):
-            raise SnapevalError(f"must be true or false, got {self.rerotate!r}", "cache.rerotate")
 
 
 @dataclass
-class SnapKV:
+class SnapKV(Checked):
     """SnapKV (arXiv:2404.14469): at the end of prefill, keep the last ``window`` prompt tokens and the
     ``budget - window`` tokens those queries attend to most (attention pooled with ``kernel``/``pooling``,
     reduced over each GQA group by ``gqa_reduce``); generated tokens are appended.
@@ -84,22 +113,23 @@ class SnapKV:
     ``ratio`` instead of ``budget`` keeps ``ceil(ratio * prompt length)`` tokens.
     """
 
+    path: ClassVar[str] = "cache"
     label: ClassVar[str] = "SnapKV"  # its name in figures and tables
     method: str = "snapkv"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
-    window: int = 32
-    kernel: int = 7
-    pooling: str = "max"
-    gqa_reduce: str = "mean"
+    window: int = setting(32, check=slots())
+    kernel: int = setting(7, check=odd)
+    pooling: str = setting("max", check=choice(*POOLINGS))
+    gqa_reduce: str = setting("mean", check=choice(*GQA_REDUCTIONS))
 
     def __post_init__(self) -> None:
-        check_snapkv_scoring(self.window, self.kernel, self.pooling, self.gqa_reduce)
+        super().__post_init__()
         check_budget(self.budget, self.ratio, self.window, "cache.window")
 
 
 @dataclass
-class SnapStream:
+class SnapStream(Checked):
     """SnapStream: a fixed cache of ``budget`` slots; ``budget - ring`` hold the prompt (the first
     ``sinks``, the last ``window`` and the best of the rest by SnapKV's scores), the other ``ring`` slots
     a ring of generated tokens that overwrites its oldest.
@@ -111,22 +141,21 @@ class SnapStream:
     ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
     """
 
+    path: ClassVar[str] = "cache"
     label: ClassVar[str] = "SnapStream"  # its name in figures and tables
     method: str = "snapstream"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
-    window: int = 32
-    kernel: int = 7
-    pooling: str = "max"
-    sinks: int = 4
-    ring: int = 64
-    gqa_reduce: str = "mean"
+    window: int = setting(32, check=slots())
+    kernel: int = setting(7, check=odd)
+    pooling: str = setting("max", check=choice(*POOLINGS))
+    sinks: int = setting(4, check=slots(0))
+    ring: int = setting(64, check=slots())
+    gqa_reduce: str = setting("mean", check=choice(*GQA_REDUCTIONS))
     reselect_every: int | None = setting(None, when_set=True)
 
     def __post_init__(self) -> None:
-        check_snapkv_scoring(self.window, self.kernel, self.pooling, self.gqa_reduce)
-        check_count(self.sinks, "cache.sinks", 0)
-        check_count(self.ring, "cache.ring", 1)
+        super().__post_init__()
         if self.reselect_every is not None and (
             not isinstance(self.reselect_every, int) or not 0 < self.reselect_every < self.ring
         ):
@@ -139,7 +168,7 @@ class SnapStream:
 
 
 @dataclass
-class SageKV:
+class SageKV(Checked):
     """SAGE-KV (arXiv:2503.08879): a fixed cache of ``budget`` slots: the first ``sinks`` tokens, a
     rolling window of the ``recent`` last ones, and the candidates in between that the last ``window``
     prompt queries attend to most, per KV head (query heads reduced by ``gqa_reduce``).
@@ -147,25 +176,23 @@ class SageKV:
     ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
     """
 
+    path: ClassVar[str] = "cache"
     label: ClassVar[str] = "SAGE-KV"  # its name in figures and tables
     method: str = "sage_kv"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
-    sinks: int = 4
-    recent: int = 64
-    window: int = 1
-    gqa_reduce: str = "mean"
+    sinks: int = setting(4, check=slots(0))
+    recent: int = setting(64, check=slots())
+    window: int = setting(1, check=slots())
+    gqa_reduce: str = setting("mean", check=choice(*GQA_REDUCTIONS))
 
     def __post_init__(self) -> None:
-        check_count(self.sinks, "cache.sinks", 0)
-        check_count(self.recent, "cache.recent", 1)
-        check_count(self.window, "cache.window", 1)
-        check_choice(self.gqa_reduce, GQA_REDUCTIONS, "reduction", "cache.gqa_reduce")
+        super().__post_init__()
         check_budget(self.budget, self.ratio, self.sinks + self.recent, "cache.sinks + cache.recent")
 
 
 @dataclass
-class SpeculativePrefill:
+class SpeculativePrefill(Checked):
     """Speculative prefill (arXiv:2502.02789): a ``draft`` model (``self``: the target) reads the prompt;
     the target prefills only its last ``window`` tokens and the chunks of ``chunk`` tokens the draft's
     last ``window`` queries attend to most (importance average-pooled with ``kernel``), ``budget`` in all.
@@ -173,27 +200,23 @@ class SpeculativePrefill:
     ``ratio`` instead of ``budget`` keeps ``ceil(ratio * prompt length)`` tokens.
     """
 
+    path: ClassVar[str] = "cache"
     label: ClassVar[str] = "Speculative prefill"  # its name in figures and tables
     method: str = "speculative_prefill"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
-    draft: str = SELF_DRAFT
-    window: int = 8
-    kernel: int = 13
-    chunk: int = 32
+    draft: str = setting(SELF_DRAFT, check=draft_name)
+    window: int = setting(8, check=slots())
+    kernel: int = setting(13, check=odd)
+    chunk: int = setting(32, check=slots())
 
     def __post_init__(self) -> None:
-        check_count(self.window, "cache.window", 1)
-        check_count(self.chunk, "cache.chunk", 1)
-        check_odd(self.kernel, "cache.kernel")
-        if not isinstance(self.draft, str) or not self.draft:
-            message = f"must be a model name, a Hub id or {SELF_DRAFT!r}, got {self.draft!r}"
-            raise SnapevalError(message, "cache.draft")
+        super().__post_init__()
         check_budget(self.budget, self.ratio, self.window, "cache.window")
 
 
 @dataclass
-class RKV:
+class RKV(Checked):
     """R-KV (arXiv:2505.24133): redundancy-aware compression while decoding, for reasoning traces. A row of
     ``budget + buffer`` slots per layer and KV head; whenever it is full, each layer and KV head keeps
     ``budget`` tokens: the last ``window`` and the best of the rest by ``mix_lambda * importance -
@@ -206,30 +229,32 @@ class RKV:
     The defaults but the budget are the authors' (code and paper). ``ratio`` is ignored.
     """
 
+    path: ClassVar[str] = "cache"
     label: ClassVar[str] = "R-KV"  # its name in figures and tables
     method: str = "rkv"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = ignored()
-    buffer: int = 128
-    window: int = 8
-    kernel: int = 7
-    mix_lambda: float = 0.1
-    threshold: float = 0.5
+    buffer: int = setting(128, check=slots())
+    window: int = setting(8, check=slots())
+    kernel: int = setting(7, check=odd)
+    mix_lambda: float = setting(0.1, check=number(0, 1))
+    threshold: float = setting(0.5, check=number(-1, 1))
 
     def __post_init__(self) -> None:
-        check_count(self.window, "cache.window", 1)
-        check_count(self.buffer, "cache.buffer", self.window)
-        check_odd(self.kernel, "cache.kernel")
-        check_fraction(self.mix_lambda, "cache.mix_lambda", 0.0)
-        check_fraction(self.threshold, "cache.threshold", -1.0)
+        super().__post_init__()
+        if self.buffer < self.window:
+            raise SnapevalError(
+                f"must be at least cache.window = {self.window}, got {self.buffer}", "cache.buffer"
+            )
         if not isinstance(self.budget, int) or self.budget <= self.window:
             message = f"must be an integer larger than cache.window = {self.window}, got {self.budget!r}"
             raise SnapevalError(message, "cache.budget")
-        check_slots(self.budget, "cache.budget")
+        if (too_many := slots()(self.budget)) is not None:
+            raise SnapevalError(f"must be {too_many}, got {self.budget}", "cache.budget")
 
 
 @dataclass
-class Kvpress:
+class Kvpress(Checked):
     """kvpress (https://github.com/NVIDIA/kvpress): the scorer press ``press`` (a class of ``kvpress``
     with a ``score`` method, made with the JSON object ``press_args``) scores each layer's prompt tokens
     per KV head; the ``budget`` best are kept, or without a budget ``int(L * (1 - compression_ratio))``.
@@ -245,34 +270,33 @@ class Kvpress:
     """
 
     extra: ClassVar[str] = "kvpress"  # the optional dependency (and snapeval extra) it needs
+    path: ClassVar[str] = "cache"
     label: ClassVar[str] = "kvpress"  # its name in figures and tables
     method: str = "kvpress"
     budget: int | None = None
     ratio: float | None = ignored()
     compression_ratio: float | None = 0.5
     press: str = "SnapKVPress"
-    press_args: str = "{}"
-    decoding: bool = setting(False, when_set=True)
+    press_args: str = setting("{}", check=json_object)
+    decoding: bool = setting(False, when_set=True, check=boolean)
     compression_interval: int | None = setting(512, when_set=True)
     hidden_states_buffer_size: int | None = setting(256, when_set=True)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         budget, compression_ratio = self.budget, self.compression_ratio
-        if not isinstance(self.decoding, bool):
-            raise SnapevalError(f"must be true or false, got {self.decoding!r}", "cache.decoding")
         if self.decoding:
-            check_count(self.compression_interval, "cache.compression_interval", 1)
-            check_count(self.hidden_states_buffer_size, "cache.hidden_states_buffer_size", 0)
+            check_slot_count(self.compression_interval, "cache.compression_interval", 1)
+            check_slot_count(self.hidden_states_buffer_size, "cache.hidden_states_buffer_size", 0)
             if budget is None:
                 raise SnapevalError("decoding=true needs a budget (kvpress's target_size)", "cache.budget")
         else:  # what decoding alone reads
             self.compression_interval = self.hidden_states_buffer_size = None
         if budget is not None and (not isinstance(budget, int) or budget <= 0):
             raise SnapevalError(f"must be a positive integer or null, got {budget!r}", "cache.budget")
-        check_slots(budget, "cache.budget")
+        check_slot_count(budget, "cache.budget", 1, optional=True)
         ratio_ok = isinstance(compression_ratio, int | float) and 0 <= compression_ratio < 1
         if budget is None and not ratio_ok:
             raise SnapevalError(f"must be in [0, 1), got {compression_ratio!r}", "cache.compression_ratio")
         if budget is not None:
             self.compression_ratio = None  # a budget replaces it
-        press_arguments(self.press_args)

@@ -1,9 +1,11 @@
 """The declaration of one config field: its default, what it takes, and whether it is part of a result's
 identity (stored with results, hashed).
 
-Every field of the config dataclasses is a :func:`setting`; :class:`Checked` runs the field checks in
-``__post_init__``, so ``OmegaConf.to_object`` of a composed config refuses a bad value in one line naming
-the field (:class:`~snapeval.errors.SnapevalError`). The checks here need neither torch nor the data.
+Every field of the config dataclasses is a :func:`setting`, and its check is the one way a field is
+checked (the task, model, run and cache declarations alike; relations between fields are checked in the
+node's ``__post_init__``). :class:`Checked` runs the field checks in ``__post_init__``, so
+``OmegaConf.to_object`` of a composed config refuses a bad value in one line naming the field
+(:class:`~snapeval.errors.SnapevalError`). The checks here need neither torch nor the data.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ Check = Callable[[Any], "str | None"]  # None when the value is fine, else what 
 
 INT64_MAX = 2**63 - 1  # what a database column and a torch tensor hold
 MAX_LEASE_S = 10**9  # about 31 years: an expiry date must stay within the calendar
+MAX_SLOTS = 2**24
+"""The most slots a cache parameter (a budget, a window, a ring, ...) may count: 16,777,216 positions, more
+than any model's window; a larger one is refused before a model loads, not when its rows are allocated."""
 PROMPT_STYLES = ("openai_chat", "llama3", "codeqwen", "qwq", "deepseek_r1")
 """lcb_runner's prompts by LMStyle (snapeval/tasks/livecodebench/prompts.py)."""
 COUNTS = (
@@ -96,6 +101,26 @@ def integer(low: int = 1, optional: bool = False, high: int = INT64_MAX) -> Chec
         return f"an integer >= {low}" + (" or null" if optional else "")
 
     return check
+
+
+def slots(low: int = 1, optional: bool = False) -> Check:
+    """A count of cache slots (a budget, a window, a ring, ...): an integer >= ``low`` and at most
+    :data:`MAX_SLOTS`."""
+    at_least = integer(low, optional)
+
+    def check(value: Any) -> str | None:
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SLOTS:
+            return f"at most {MAX_SLOTS:,} slots (more positions than any model has)"
+        return at_least(value)
+
+    return check
+
+
+def odd(value: Any) -> str | None:
+    """A kernel width: a positive odd integer, at most :data:`MAX_SLOTS`."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SLOTS and value % 2:
+        return None
+    return "a positive odd integer" if not isinstance(value, int) or value <= MAX_SLOTS else slots()(value)
 
 
 def number(low: float, high: float, low_open: bool = False) -> Check:
