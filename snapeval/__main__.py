@@ -1,10 +1,11 @@
-"""``python -m snapeval [overrides]``: the Hydra front door. Thin: check the config, call the runner,
-print its table (:func:`snapeval.tables.run_table`).
+"""``python -m snapeval [overrides]``: the Hydra front door. Thin: check the config once into a run plan,
+hand it to the runner, print its table (:func:`snapeval.tables.run_table`).
 
-A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``), or a database that
-cannot be used (``run.db``), is refused in one line with exit code 2 before torch and transformers load
-(:mod:`snapeval.configs.check`); cache parameters, data files, shards and drafts next, before any model loads
-(:mod:`snapeval.preflight`). Ctrl-C or SIGTERM ends the run as ``interrupted`` (exit 130 or 143).
+A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``), a database that cannot
+be used (``run.db``), a data file, shard or draft name is refused in one line with exit code 2 before
+torch and transformers load; cache parameters, drafts' and the model's configs next, before any model
+loads (:mod:`snapeval.plan`). A sweep (``-m``) checks each of its points in its own job. Ctrl-C or
+SIGTERM ends the run as ``interrupted`` (exit 130 or 143).
 """
 
 from __future__ import annotations
@@ -18,56 +19,65 @@ from omegaconf import DictConfig
 
 from snapeval.cli import keep_interrupts, report
 from snapeval.configs import legacy
-from snapeval.configs.check import check_choices, validate
-from snapeval.configs.compose import plain
+from snapeval.configs.check import check, check_choices
+from snapeval.configs.compose import compose_config, plain
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
+from snapeval.plan import RunPlan, check_inputs, make_plan
 
 
-@hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> None:
-    config = plain(cfg)
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    try:  # the schema was checked before Hydra started (check_before_hydra), and the runner checks again
-        if config["job"] == "memory":
-            from snapeval.memory.point import run_memory_point
+def main(plan: RunPlan | None = None) -> None:
+    """Start Hydra's job: ``plan`` is the single run's checked plan (None for a sweep: each job checks
+    its point)."""
 
-            print(run_memory_point(config))
+    @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
+    def job(cfg: DictConfig) -> None:
+        config = plain(cfg)
+        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+        try:
+            if config["job"] == "memory":
+                from snapeval.memory.point import run_memory_point
+
+                print(run_memory_point(config))
+                return
+            from snapeval.runner import execute, run
+            from snapeval.tables import run_table
+
+            summaries = execute(plan) if plan is not None else run(config)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.workers.Terminated)
+            sys.exit(interrupted(exc))
+        except SnapevalError as exc:
+            code = report(exc)
+            if multirun:
+                return
+            sys.exit(code)
+        except Exception as exc:
+            if not multirun:
+                raise
+            print(
+                f"error: this point failed ({type(exc).__name__}: {exc}); the sweep goes on", file=sys.stderr
+            )
             return
-        from snapeval.runner import run
-        from snapeval.tables import run_table
+        print(run_table(summaries))
 
-        summaries = run(config)
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.workers.Terminated)
-        sys.exit(interrupted(exc))
-    except SnapevalError as exc:
-        code = report(exc)
-        if multirun:
-            return
-        sys.exit(code)
-    except Exception as exc:
-        if not multirun:
-            raise
-        print(f"error: this point failed ({type(exc).__name__}: {exc}); the sweep goes on", file=sys.stderr)
-        return
-    print(run_table(summaries))
+    job()
 
 
-def check_before_hydra(overrides: list[str]) -> None:
-    """Compose and check a single run's config before Hydra starts it (and makes its output folder), its
-    Hydra settings (``hydra.job.name=x``) left to Hydra; a sweep (``-m``) or Hydra flags go to Hydra once
-    every override parses and names existing options: its runner records each bad point as failed."""
+def check_before_hydra(overrides: list[str]) -> RunPlan | None:
+    """A single run's plan, checked before Hydra starts it (and makes its output folder), its Hydra
+    settings (``hydra.job.name=x``) left to Hydra; None for a sweep (``-m``) or Hydra flags, which go to
+    Hydra once every override parses and names existing options (each job checks its point), and for a
+    memory job (checked by its own command)."""
     check_choices(overrides)
     if any(o.startswith("-") for o in overrides):
-        return
-    config = validate([o for o in overrides if not is_hydra_setting(o)])
+        return None
+    config = compose_config(*(o for o in overrides if not is_hydra_setting(o)))
+    evaluates = config["job"] == "evaluate"
+    inputs = check_inputs(config) if evaluates else check(config)  # before torch: fields, task, data
     from snapeval.results import ResultsDB  # the database opens (or fails on run.db) in a second
 
     ResultsDB(config["run"]["db"]).close()
-    if config["job"] == "evaluate":  # cache, task, data, shard and drafts: before any model loads
-        from snapeval.preflight import check_inputs
-
-        check_inputs(config)
+    return make_plan(inputs) if evaluates else None
 
 
 def is_hydra_setting(override: str) -> bool:
@@ -91,9 +101,9 @@ if __name__ == "__main__":
         sys.argv[1:] = legacy.rewrite(sys.argv[1:])  # old spellings (task.limit=2), each with a note
         try:
             with keep_interrupts():
-                check_before_hydra(sys.argv[1:])
+                checked = check_before_hydra(sys.argv[1:])
         except SnapevalError as exc:
             sys.exit(report(exc))
-        main()
+        main(checked)
     except KeyboardInterrupt as exc:
         sys.exit(interrupted(exc))

@@ -33,9 +33,11 @@ import numpy as np
 import yaml
 
 from snapeval.cli import DB_OPTION, add_db_option, one_line_errors, open_existing
+from snapeval.configs import legacy
 from snapeval.configs.check import check
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
+from snapeval.plan import Inputs, RunPlan, check_inputs, make_plan
 from snapeval.results import ResultsDB, database_url, identity
 from snapeval.stats import paired_bootstrap_lower_bound
 
@@ -85,7 +87,7 @@ class Gate:
     @staticmethod
     def config(overrides: tuple[str, ...], db_url: str) -> dict[str, Any]:
         """The run config of ``overrides``, storing its samples at ``db_url``, without a progress bar."""
-        config = compose_config(*overrides)
+        config = compose_config(*legacy.rewrite(list(overrides)))
         config["run"]["db"] = db_url
         config["run"]["progress"] = False
         return config
@@ -149,18 +151,18 @@ def load_gates(path: str | Path) -> list[Gate]:
     return [Gate.from_spec(entry, f"{path}[{index}]") for index, entry in enumerate(spec)]
 
 
-def checked_configs(gates: list[Gate], spec: Path, db_url: str) -> list[tuple[str, dict[str, Any]]]:
-    """Each gate's full-cache and compressed config, each with where it comes from in ``spec``
-    (``<spec>[i].task`` or ``.cache``), checked against the schema (:func:`snapeval.configs.check.check`):
-    a bad one is refused in one line naming both, in about a second, before torch loads."""
-    checked = []
+def checked_configs(gates: list[Gate], spec: Path, db_url: str, runs: bool) -> dict[str, Inputs | None]:
+    """Each gate's full-cache and compressed config by where it comes from in ``spec`` (``<spec>[i].task``
+    or ``.cache``), checked before torch loads: its fields, and when the gates ``runs``, its inputs
+    (:func:`snapeval.plan.check_inputs`: task, data, shard, drafts' names), which it maps to. A bad one
+    is refused in one line naming both."""
+    checked = {}
     for index, gate in enumerate(gates):
         for key, overrides in zip(("task", "cache"), gate.overrides(), strict=True):
             where = f"{spec}[{index}].{key}"
             with located(where):
                 config = gate.config(overrides, db_url)
-                check(config)
-            checked.append((where, config))
+                checked[where] = check_inputs(config) if runs else check(config)
     return checked
 
 
@@ -173,16 +175,16 @@ def located(where: str) -> Iterator[None]:
         raise SnapevalError(str(exc), where) from None
 
 
-def run_gate(gate: Gate, db_url: str) -> None:
-    """Run what the database lacks of the gate's full-cache and compressed settings."""
-    from snapeval.runner import run  # torch: only once the spec, its configs and the database are good
+def run_gate(gate: Gate, plans: list[RunPlan]) -> None:
+    """Run what the database lacks of the gate's full-cache and compressed plans."""
+    from snapeval.runner import execute  # torch: only once the spec, its configs and the database are good
 
-    for config in gate.configs(db_url):
+    for plan in plans:
         start = time.perf_counter()
-        [summary] = run(config)
+        [summary] = execute(plan)
         print(
-            f"{gate.name}: {config['cache']['method']}: {summary.n} samples, {summary.computed} computed "
-            f"in {time.perf_counter() - start:.0f} s",
+            f"{gate.name}: {plan.config['cache']['method']}: {summary.n} samples, {summary.computed} "
+            f"computed in {time.perf_counter() - start:.0f} s",
             flush=True,
         )
 
@@ -218,16 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gates = load_gates(args.spec)
     db_url = database_url(args.db)
-    configs = checked_configs(gates, args.spec, db_url)  # every gate's, before any of them runs
+    checked = checked_configs(gates, args.spec, db_url, runs=not args.no_run)  # all, before any runs
     if not args.no_run:
         ResultsDB(db_url, field=DB_OPTION).close()  # a database that cannot be written fails here, on --db
-        from snapeval.preflight import check_inputs  # torch: only once the spec and its configs are good
-
-        for where, config in configs:
+        plans = {}
+        for where, inputs in checked.items():  # torch: only once the spec and its configs are good
             with located(where):
-                check_inputs(config)
-        for gate in gates:
-            run_gate(gate, db_url)
+                plans[where] = make_plan(inputs)
+        for index, gate in enumerate(gates):
+            run_gate(gate, [plans[f"{args.spec}[{index}].{key}"] for key in ("task", "cache")])
     with open_existing(db_url) as db:
         verdicts = [judge(gate, db) for gate in gates]
     for verdict in verdicts:

@@ -1,14 +1,15 @@
-"""Compose model + cache (or a grid of caches) + task, run every sample not yet stored, record it, and
-summarize.
+"""Execute a checked run plan (:mod:`snapeval.plan`): model + cache (or a grid of caches) + task, every
+sample not yet stored generated, scored, recorded, and summarized.
 
-The runner knows no compression method (it asks :func:`snapeval.cache.build_cache`) and no task
-(it asks :func:`snapeval.tasks.load_task`). Each scored sample is committed to the results database as
-soon as it is done, so an interrupted run resumes where it stopped. A grid (:mod:`snapeval.grid`) is
-stored as one run per cache setting, exactly as those settings run one at a time would be.
+The runner knows no compression method (the batcher builds caches with :func:`snapeval.cache.build_cache`)
+and no task (the plan holds it). Each scored sample is committed to the results database as soon as it is
+done, so an interrupted run resumes where it stopped. A grid (:mod:`snapeval.grid`) is stored as one run
+per cache setting, exactly as those settings run one at a time would be.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import defaultdict
 from collections.abc import Mapping
@@ -20,18 +21,16 @@ from tqdm import tqdm
 from snapeval import protocols
 from snapeval.batch_rows import usable_rows
 from snapeval.cache import effective_params, install
-from snapeval.configs.check import check
 from snapeval.continuous import Answer, ContinuousBatcher, Request
 from snapeval.errors import SnapevalError
-from snapeval.grid import check_grid, grid_points, shares_prefill
-from snapeval.models import ModelSpec, attach_drafts, check_device, load_model, load_tokenizer
-from snapeval.preflight import check_drafts, check_shard
+from snapeval.grid import shares_prefill
+from snapeval.models import ModelSpec, attach_drafts, load_model, load_tokenizer
+from snapeval.plan import RunPlan, make_plan
 from snapeval.records import answer_text, sample_row
 from snapeval.requests import RequestBuilder, sample_seed, sampling, stop_ids
-from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, identity, stored_config, summary_of
+from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
 from snapeval.results.leases import Lease
-from snapeval.sandbox import isolation
-from snapeval.tasks import AnswerPass, Prompt, Task, load_task
+from snapeval.tasks import Prompt, Task
 from snapeval.workers import ClaimingFeed, shard, stored_in, terminate_as_interrupt
 
 
@@ -54,18 +53,6 @@ class RunSummary:
     pass_at: dict[str, float]  # pass@k for the k that the draws per problem allow (stats.pass_at)
 
 
-def check_config(cfg: Mapping[str, Any]) -> None:
-    """Reject impossible values before any model work, one field at a time: the schema's checks
-    (:mod:`snapeval.configs.check`), then those that need the engine."""
-    check(cfg)
-    task = cfg["task"]
-    if task["name"] == "livecodebench":  # graded in the sandbox: a machine that cannot run it fails now
-        isolation()
-    check_device(cfg["model"].get("device", "auto"))
-    AnswerPass.from_config(task.get("answer_pass"))
-    check_grid(cfg)
-
-
 def draws(prompts: list[Prompt], num_samples: int) -> list[Prompt]:
     """Each prompt ``num_samples`` times (ids ``<id>#<k>``) for pass@1 over n sampled answers."""
     if num_samples == 1:
@@ -77,33 +64,33 @@ def draws(prompts: list[Prompt], num_samples: int) -> list[Prompt]:
     ]
 
 
-def run(cfg: Mapping[str, Any]) -> list[RunSummary]:
-    """Evaluate the configured model and task with its cache, or with every point of its ``grid``; store
-    every sample; return one summary per cache setting. A grid point with impossible settings is recorded
-    as failed and skipped (its error printed); the run fails only when every point does."""
+def run(cfg: dict[str, Any]) -> list[RunSummary]:
+    """Check ``cfg`` into a plan (:func:`snapeval.plan.make_plan`; a config that fails is recorded as a
+    failed run, so that a sweep's summary shows the point) and :func:`execute` it."""
+    try:
+        plan = make_plan(cfg)
+    except SnapevalError as exc:
+        with contextlib.suppress(SnapevalError), ResultsDB(cfg["run"]["db"]) as db:
+            _record_failure(db, cfg, exc)
+        raise
+    return execute(plan)
+
+
+def execute(plan: RunPlan) -> list[RunSummary]:
+    """Evaluate the plan's model and task with each of its cache settings; store every sample; return one
+    summary per setting. A setting the plan set aside (impossible parameters) is recorded as failed and
+    skipped, its error printed. Nothing is checked again."""
+    cfg, task = plan.config, plan.task
     protocols.announce(cfg)  # a preset's deviations from the official run, stored with it (its config)
     with ResultsDB(cfg["run"]["db"]) as db:
-        configs, failures = [], []
-        for point in _points_or_fail(db, cfg):
-            try:
-                # building the cache rejects bad parameters here, before any model work
-                configs.append(identity(point)[0])
-            except SnapevalError as exc:  # recorded, so that a sweep's summary shows the failed point
-                _record_failure(db, point, exc)
-                failures.append(exc)
-        if not configs:
-            raise failures[0]
-        for exc in failures:
+        for setting, exc in plan.failed:  # recorded, so that a sweep's summary shows the failed point
+            _record_failure(db, setting, exc)
             print(f"error: {exc} (this grid point is skipped)", file=sys.stderr)
         spec = ModelSpec.from_config(cfg["model"])
-        task = load_task(cfg["task"], cfg["seed"], cfg["run"]["limit"])
-        prompts = task.prompts(load_tokenizer(spec))
-        prompts = draws(prompts, cfg["generation"]["num_samples"])
-        check_shard(len(prompts), cfg["run"]["shard"])
-        check_drafts([config["cache"] for config in configs])
+        prompts = draws(task.prompts(load_tokenizer(spec)), cfg["generation"]["num_samples"])
         prompts = shard(prompts, cfg["run"]["shard"])
         lease_s = cfg["run"].get("lease_s", DEFAULT_LEASE_S)
-        points = _start_points(db, configs, prompts, lease_s)
+        points = _start_points(db, list(plan.points), prompts, lease_s)
         run_ids = [point.run_id for point in points]
         try:
             with terminate_as_interrupt(), Lease(lambda: db.renew(run_ids, lease_s), lease_s):
@@ -142,16 +129,6 @@ class _Point:
 def _record_failure(db: ResultsDB, cfg: Mapping[str, Any], exc: SnapevalError) -> None:
     stored = stored_config(cfg, cfg["cache"])  # the cache as given: it could not be built
     db.finish_run(db.start_run(stored, config_hash(stored)), "failed", str(exc))
-
-
-def _points_or_fail(db: ResultsDB, cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The configs of the run's cache settings, after the checks that fail the whole run."""
-    try:
-        check_config(cfg)
-        return grid_points(cfg)
-    except SnapevalError as exc:
-        _record_failure(db, cfg, exc)
-        raise
 
 
 def _start_points(

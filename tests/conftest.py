@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
-from snapeval import runner
 from snapeval.cache import effective_params, install
+from snapeval.configs.check import check
 from snapeval.configs.compose import compose_config
 from snapeval.grid import grid_points
 from snapeval.models import ModelSpec, load_model, load_tokenizer
@@ -96,7 +96,7 @@ def composed_sweep(experiment: str | None, *overrides: str) -> list[dict]:
         if cfg["job"] != "evaluate":
             configs.append(cfg)
             continue
-        runner.check_config(cfg)
+        check(cfg)
         for point in grid_points(cfg):
             effective_params(point["cache"])  # builds the cache: rejects impossible parameters
             configs.append(point)

@@ -22,6 +22,7 @@ import torch
 from snapeval import runner
 from snapeval.cache import build_cache
 from snapeval.cache.grid import CacheGrid
+from snapeval.configs.check import check
 from snapeval.continuous import ContinuousBatcher, Request, prefills
 from snapeval.errors import SnapevalError
 from snapeval.generation import append_logits, generate, prefill_logits
@@ -254,13 +255,13 @@ def test_an_interrupted_grid_resumes_with_nothing_lost_or_computed_twice(
 )
 def test_a_malformed_grid_is_rejected_naming_the_field(composed, tmp_path, override, field):
     with pytest.raises(SnapevalError) as raised:
-        runner.check_config(composed(tmp_path, override))
+        check(composed(tmp_path, override))
     assert raised.value.field == field
 
 
 def test_cache_settings_outside_the_grid_are_rejected(composed, tmp_path):
     with pytest.raises(SnapevalError, match="grid.params") as raised:
-        runner.check_config(composed(tmp_path, "+exp=smoke", "cache.budget=100"))
+        check(composed(tmp_path, "+exp=smoke", "cache.budget=100"))
     assert raised.value.field == "cache"
 
 
@@ -270,7 +271,7 @@ def test_a_grid_leaves_out_a_method_whose_extra_is_missing_and_says_so(monkeypat
     (decoding on, the buffer size it did not name at kvpress's 256)."""
     from importlib import util
 
-    from snapeval import preflight
+    from snapeval import plan
 
     cfg = compose_config("+exp=aime_budget_sweep", "run.limit=1")
     real = util.find_spec
@@ -284,7 +285,7 @@ def test_a_grid_leaves_out_a_method_whose_extra_is_missing_and_says_so(monkeypat
         "sage_kv",
         "rkv",
     }
-    preflight.check_extras(cfg)
+    plan.check_extras(cfg)
     note = "note: grid.cache: kvpress left out: kvpress is not installed; pip install 'snapeval[kvpress]'"
     assert capsys.readouterr().err == note + "\n"
     monkeypatch.setattr(util, "find_spec", lambda name, *a: object() if name == "kvpress" else real(name, *a))

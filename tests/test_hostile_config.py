@@ -303,7 +303,7 @@ def test_ctrl_c_while_torch_loads_ends_in_one_line(tmp_path):
     deadline = time.monotonic() + 60
     while process.poll() is None and time.monotonic() < deadline:
         if "libtorch" in Path(f"/proc/{process.pid}/maps").read_text():
-            break  # the front door's schema checks passed: torch is loading (in the preflight)
+            break  # the front door's schema checks passed: torch is loading (making the run plan)
         time.sleep(0.01)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)

@@ -54,7 +54,7 @@ NEW_COMMANDS = [  # the same runs, spelled as today
 
 def digest(db_path: Path, overrides: list[str]) -> str:
     """The config hash the runner stores a single run of ``overrides`` under."""
-    cfg = compose_config(*overrides, f"run.db={db_path}", "run.progress=false")
+    cfg = compose_config(*rewrite(overrides), f"run.db={db_path}", "run.progress=false")
     return identity(cfg)[1]
 
 
@@ -75,7 +75,7 @@ def test_an_old_command_line_is_rewritten_with_a_note(capsys: pytest.CaptureFixt
         "note: generation.max_new_tokens is now task.max_new_tokens",
     ]
     for (old_command, _), new_command in zip(OLD_COMMANDS, NEW_COMMANDS, strict=True):
-        assert compose_config(*old_command) == compose_config(*new_command)
+        assert compose_config(*rewrite(old_command)) == compose_config(*new_command)
 
 
 def has(config: dict, path: str) -> bool:

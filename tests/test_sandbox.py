@@ -647,8 +647,8 @@ def fresh_probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_the_probe_reports_a_failing_setup_as_it_is(fresh_probe, monkeypatch: pytest.MonkeyPatch) -> None:
     """Namespaces work but a mount fails: that mount is the error, not advice to disable isolation;
     and a LiveCodeBench run stops at its config check, before any model loads."""
-    from snapeval import runner
     from snapeval.configs.compose import compose_config
+    from snapeval.plan import check_inputs
 
     monkeypatch.setattr(probe, "DEFAULT_LIMITS", SandboxLimits(max_disk_bytes=-1))
     with pytest.raises(
@@ -657,7 +657,7 @@ def test_the_probe_reports_a_failing_setup_as_it_is(fresh_probe, monkeypatch: py
         sandbox.isolation()
     assert sandbox.UNSAFE_ENV not in str(failed.value)
     with pytest.raises(SnapevalError, match=r"\[Errno 22\] mount tmpfs"):
-        runner.check_config(compose_config("task=livecodebench"))
+        check_inputs(compose_config("task=livecodebench"))
 
 
 def test_where_unshare_cannot_create_namespaces_its_reason_is_named(fresh_probe, monkeypatch) -> None:

@@ -7,7 +7,7 @@ checks across fields: the task's lengths against the model's window, a protocol 
 task, a CUDA device on a machine without one. A bad value gets one line naming the field and what it
 takes (:class:`~snapeval.errors.SnapevalError`). The checks that need the engine or the data (a cache's
 parameters together, a grid, data files, shards, drafts) come next, still before any model loads
-(:mod:`snapeval.preflight`, :func:`snapeval.runner.check_config`).
+(:mod:`snapeval.plan`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from snapeval.configs.compose import compose_config, field_error
+from snapeval.configs.compose import field_error
 from snapeval.configs.fields import count_error
 from snapeval.configs.methods import METHODS, check_cache
 from snapeval.configs.model import ModelConfig
@@ -34,14 +34,6 @@ from snapeval.protocols import check_task
 
 GROUPS = ("task", "cache", "model", "memory", "hardware", "protocol", "exp")
 """Config groups a command line can choose from (``task=NAME``, ``+exp=NAME``)."""
-
-
-def validate(overrides: list[str]) -> dict[str, Any]:
-    """The config of ``python -m snapeval <overrides>``, composed and checked (:func:`check`)."""
-    check_choices(overrides)
-    config = compose_config(*overrides)
-    check(config)
-    return config
 
 
 def check(config: Mapping[str, Any]) -> None:

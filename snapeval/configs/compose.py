@@ -20,7 +20,6 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from snapeval.configs import legacy
 from snapeval.configs.fields import model_entry, takes
 from snapeval.configs.root import Config
 from snapeval.configs.store import register
@@ -37,9 +36,9 @@ OMEGACONF_TYPES = {
 
 
 def compose_config(*overrides: str) -> dict[str, Any]:
-    """The resolved config of ``conf/config.yaml`` with Hydra ``overrides`` (old spellings rewritten,
-    :mod:`snapeval.configs.legacy`), as a plain dict (:func:`plain`)."""
-    overrides = tuple(legacy.rewrite(list(overrides)))
+    """The resolved config of ``conf/config.yaml`` with Hydra ``overrides`` (spelled as today: a command
+    line's old spellings are rewritten once, where it is read, by :func:`snapeval.configs.legacy.rewrite`),
+    as a plain dict (:func:`plain`)."""
     check_task_choice(overrides)
     register()
     try:

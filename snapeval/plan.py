@@ -1,9 +1,12 @@
-"""What a run checks before it loads a model, so that a bad input fails in seconds, not after loading:
-the cache's parameters (or the grid's), the task and its data file, the samples a shard gets, and the
-draft models a cache names.
+"""One checked run plan: every check a run needs, made once, before any model loads.
 
-:func:`check_inputs` is called by the front door (``python -m snapeval``) once the schema
-(:mod:`snapeval.configs.check`) has passed; the runner calls the same checks before it loads the model.
+:func:`check_inputs` is the torch-free stage (about a second): the config's fields
+(:func:`snapeval.configs.check.check`), the sandbox (LiveCodeBench), the task and its data rows (read,
+each checked to fit), the requests, the shard, the extras a method needs, the draft names and a local
+model folder's ``config.json``. :func:`make_plan` adds the rest: the device, the answer pass, each cache setting's parameters (a grid point whose settings are impossible is set aside, to be
+recorded as failed), the drafts' configs and the model's config with its overrides. The front door, the
+gate and :func:`snapeval.runner.run` build a :class:`RunPlan` this way, and the runner executes it
+without checking anything again.
 """
 
 from __future__ import annotations
@@ -11,23 +14,51 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from snapeval.configs.check import check
 from snapeval.configs.fields import count_error, is_name, model_configs, model_entry
 from snapeval.configs.methods import draft_names, missing_extra
 from snapeval.configs.root import MAX_REQUESTS
 from snapeval.errors import SnapevalError
-from snapeval.grid import check_grid, grid_points, skipped_options
+from snapeval.grid import grid_points, skipped_options
+
+if TYPE_CHECKING:
+    from snapeval.tasks import Task
 
 DRAFT_FIELD = "cache.draft"
 MODEL_FIELD = "model.pretrained"
 
 
-def check_inputs(config: Mapping[str, Any]) -> None:
-    """Every check that needs no model weights: task, data rows, requests, shard, drafts' names and cache
-    extras, a local model folder's ``config.json`` (before torch), then cache parameters, drafts' configs
-    and the model's config with its overrides."""
+@dataclass(frozen=True)
+class Inputs:
+    """A config whose fields, task, data, requests, shard, extras and draft names passed (no torch)."""
+
+    config: dict[str, Any]
+    task: Task
+    settings: tuple[dict[str, Any], ...]  # the configs of its cache settings (a grid's points)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run checked once: its config, its task, the settings that run (each as results store it) and
+    those whose parameters are impossible, each with why."""
+
+    config: dict[str, Any]
+    task: Task
+    points: tuple[dict[str, Any], ...]
+    failed: tuple[tuple[dict[str, Any], SnapevalError], ...] = ()
+
+
+def check_inputs(config: dict[str, Any]) -> Inputs:
+    """Every check that needs no torch and no model weights, in order (see the module's docstring)."""
+    check(config)
+    if config["task"]["name"] == "livecodebench":  # graded in the sandbox: a machine that cannot run it
+        from snapeval.sandbox import isolation
+
+        isolation()
     from snapeval.tasks import load_task
 
     limit = config["run"]["limit"]
@@ -41,20 +72,34 @@ def check_inputs(config: Mapping[str, Any]) -> None:
     check_requests(count, config["generation"]["num_samples"])
     check_shard(count * config["generation"]["num_samples"], config["run"]["shard"])
     check_extras(config)
-    caches = [point["cache"] for point in grid_points(config)]
-    check_draft_names(caches)  # before torch
+    settings = tuple(grid_points(config))
+    check_draft_names([setting["cache"] for setting in settings])
     check_model_folder(config["model"])
+    return Inputs(config, task, settings)
 
-    from snapeval.cache import build_cache  # torch and transformers load here
 
-    if config.get("grid") is None:  # the schema checked a shipped method's keys; an outside one's here
-        cache = config["cache"]
-        outside = ":" in str(cache.get("method"))
-        build_cache({k: v for k, v in cache.items() if v is not None} if outside else cache, strict=outside)
-    else:
-        check_grid(config)
-    check_drafts(caches)
+def make_plan(config_or_inputs: dict[str, Any] | Inputs) -> RunPlan:
+    """The :class:`RunPlan` of a config (or of its checked :class:`Inputs`); one line naming the field
+    for the first thing wrong, or when no setting of a grid can run."""
+    inputs = config_or_inputs if isinstance(config_or_inputs, Inputs) else check_inputs(config_or_inputs)
+    config = inputs.config
+    from snapeval.models import check_device
+    from snapeval.results import identity
+    from snapeval.tasks import AnswerPass
+
+    check_device(config["model"].get("device", "auto"))
+    AnswerPass.from_config(config["task"].get("answer_pass"))
+    points, failed = [], []
+    for setting in inputs.settings:
+        try:  # the method's declaration checks its parameters together
+            points.append(identity(setting)[0])
+        except SnapevalError as exc:
+            failed.append((setting, exc))
+    if not points:
+        raise failed[0][1]
+    check_drafts([point["cache"] for point in points])
     check_model(config["model"])
+    return RunPlan(config, inputs.task, tuple(points), tuple(failed))
 
 
 def check_requests(prompts: int, draws: int) -> None:
