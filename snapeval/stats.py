@@ -90,19 +90,47 @@ def paired_bootstrap_lower_bound(
     separate intervals would allow. The bound is the ``1 - confidence`` quantile of the resampled mean
     differences, rounded to 12 decimals.
     """
+    values, baseline = _pairs(scores, reference)
+    means = _resampled_means(values - ratio * baseline, resamples, seed)[0]
+    bound = round(float(np.quantile(means, 1 - confidence)), 12)
+    return bound or 0.0  # rounded: float noise (1 - 0.8 = 0.19999999999999996) must not break a tie at 0
+
+
+def paired_retention(
+    scores: Iterable[float],
+    reference: Iterable[float],
+    confidence: float = 0.95,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """``(retention, low, high)``: ``mean(scores) / mean(reference)`` (a method's accuracy over the full
+    cache's on the same samples) and its two-sided percentile bootstrap interval, the pairs resampled
+    together as in :func:`paired_bootstrap_lower_bound`; NaN where the reference's mean is 0 (resamples
+    whose reference mean is 0 are left out of the interval)."""
+    values, baseline = _pairs(scores, reference)
+    if not baseline.any():
+        return math.nan, math.nan, math.nan
+    numerators, denominators = _resampled_means(np.stack([values, baseline]), resamples, seed)
+    ratios = numerators[denominators > 0] / denominators[denominators > 0]
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(ratios, [tail, 1 - tail])
+    return float(values.mean() / baseline.mean()), round(float(low), 12), round(float(high), 12)
+
+
+def _pairs(scores: Iterable[float], reference: Iterable[float]) -> tuple[np.ndarray, np.ndarray]:
     values = np.asarray(list(scores), dtype=float)
     baseline = np.asarray(list(reference), dtype=float)
     if values.size == 0 or values.shape != baseline.shape:
         raise ValueError("need one reference score per score, and at least one pair")
-    differences = values - ratio * baseline
-    n = differences.size
+    return values, baseline
+
+
+def _resampled_means(rows: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """(len(rows), resamples) means of ``rows`` ((k, n) or (n,) values per sample) over ``resamples``
+    bootstrap draws of the n samples, the same draws for every row (seeded with ``seed``)."""
+    rows = np.atleast_2d(rows)
+    n = rows.shape[1]
     rng = np.random.default_rng(seed)
     batch = max(1, _BOOTSTRAP_BATCH_ELEMENTS // n)  # resamples per draw, to bound memory
-    means = np.concatenate(
-        [
-            differences[rng.integers(n, size=(min(batch, resamples - start), n))].mean(axis=1)
-            for start in range(0, resamples, batch)
-        ]
-    )
-    bound = round(float(np.quantile(means, 1 - confidence)), 12)
-    return bound or 0.0  # rounded: float noise (1 - 0.8 = 0.19999999999999996) must not break a tie at 0
+    draws = [rng.integers(n, size=(min(batch, resamples - start), n)) for start in range(0, resamples, batch)]
+    return np.concatenate([rows[:, indices].mean(axis=2) for indices in draws], axis=1)

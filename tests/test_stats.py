@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from snapeval.stats import mean_ci, paired_bootstrap_lower_bound
+from snapeval.stats import mean_ci, paired_bootstrap_lower_bound, paired_retention
 
 Z95 = 1.959963984540054
 Z95_ONE_SIDED = 1.6448536269514722
@@ -82,3 +82,21 @@ def test_paired_bootstrap_bound_matches_the_normal_bound_at_large_n():
 def test_paired_bootstrap_needs_one_pair_per_sample(scores, reference):
     with pytest.raises(ValueError, match="one reference score per score"):
         paired_bootstrap_lower_bound(scores, reference)
+
+
+def test_paired_retention_is_the_ratio_of_means_with_a_paired_bootstrap_interval():
+    method = [1, 1, 0, 1, 0, 1, 1, 1, 0, 1]
+    full = [1, 1, 1, 1, 0, 1, 1, 1, 1, 1]
+    retention, low, high = paired_retention(method, full, resamples=2000, seed=3)
+    assert retention == pytest.approx(7 / 9, abs=1e-15)
+    rng = np.random.default_rng(3)  # the same draws, one resample at a time
+    ratios = []
+    for _ in range(2000):
+        drawn = rng.integers(10, size=10)
+        taken = sum(full[i] for i in drawn)
+        if taken:
+            ratios.append(sum(method[i] for i in drawn) / taken)
+    assert (low, high) == tuple(round(float(q), 12) for q in np.quantile(ratios, [0.025, 0.975]))
+    assert low < 7 / 9 < high <= 1.0
+    assert paired_retention(full, full) == (1.0, 1.0, 1.0)  # the same answers: retained exactly
+    assert all(math.isnan(x) for x in paired_retention([1, 0], [0, 0]))  # nothing to retain
