@@ -40,6 +40,11 @@ def main(plan: RunPlan | None = None) -> None:
 
                 print(run_memory_point(config))
                 return
+            if config["job"] == "search":
+                from snapeval.search import run_search
+
+                print(run_search(config))
+                return
             from snapeval.runner import execute, run
             from snapeval.tables import run_table
 
@@ -67,7 +72,7 @@ def check_before_hydra(overrides: list[str]) -> RunPlan | None:
     """A single run's plan, checked before Hydra starts it (and makes its output folder), its Hydra
     settings (``hydra.job.name=x``) left to Hydra; None for a sweep (``-m``) or Hydra flags, which go to
     Hydra once every override parses and names existing options (each job checks its point), and for a
-    memory job (checked by its own command)."""
+    memory job or a budget search (whose fields are checked here; a search plans each of its rounds)."""
     check_choices(overrides)
     if any(o.startswith("-") for o in overrides):
         return None

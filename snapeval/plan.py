@@ -3,10 +3,11 @@
 :func:`check_inputs` is the torch-free stage (about a second): the config's fields
 (:func:`snapeval.configs.check.check`), the sandbox (LiveCodeBench), the task and its data rows (read,
 each checked to fit), the requests, the shard, the extras a method needs, the draft names and a local
-model folder's ``config.json``. :func:`make_plan` adds the rest: the device, the answer pass, each cache setting's parameters (a grid point whose settings are impossible is set aside, to be
-recorded as failed), the drafts' configs and the model's config with its overrides. The front door, the
-gate and :func:`snapeval.runner.run` build a :class:`RunPlan` this way, and the runner executes it
-without checking anything again.
+model folder's ``config.json``. :func:`make_plan` adds the rest: the device, the answer pass, each cache
+setting's parameters (a grid point whose settings are impossible is set aside, to be recorded as
+failed), the drafts' configs and the model's config with its overrides. The front door, the gate and
+:func:`snapeval.runner.run` build a :class:`RunPlan` this way, and the runner executes it without
+checking anything again.
 """
 
 from __future__ import annotations

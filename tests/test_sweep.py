@@ -95,5 +95,7 @@ def test_sweep_size_combines_the_sweeper_params_and_the_command_line():
 
 @pytest.mark.parametrize("experiment", sorted(path.stem for path in (CONF_DIR / "exp").glob("*.yaml")))
 def test_every_point_of_every_shipped_sweep_composes_and_validates(experiment):
-    """A sweep that cannot compose a point fails only after earlier points ran: catch it here."""
-    assert len(composed_sweep(experiment)) > 1
+    """A sweep that cannot compose a point fails only after earlier points ran: catch it here (a budget
+    search is one job: its rounds are grids of its own)."""
+    points = composed_sweep(experiment)
+    assert len(points) > 1 or [point["job"] for point in points] == ["search"]

@@ -22,8 +22,10 @@ from snapeval.configs.fields import (
     shard,
     text,
 )
+from snapeval.configs.methods import METHODS, parameter_names
 from snapeval.configs.model import ModelConfig
 from snapeval.configs.task import SCHEMAS, TaskConfig
+from snapeval.errors import SnapevalError
 
 DEFAULT_DB = "results/snapeval.sqlite"
 """Where results go unless ``run.db`` (or ``$SNAPEVAL_DB``) says otherwise."""
@@ -40,6 +42,12 @@ MAX_REQUESTS = 1_000_000
 """The most requests (prompts x draws) one run makes."""
 COMPILE_MODES = ("auto", "on", "off")
 """``run.compile``: compiled with CUDA graphs on a GPU and eager on CPU, always compiled, never."""
+
+
+def budgeted_method(value: Any) -> str | None:
+    """A built-in method that takes a budget."""
+    names = [name for name, params in METHODS.items() if "budget" in parameter_names(params)]
+    return None if value in names else "one of " + ", ".join(names)
 
 
 @dataclass
@@ -97,10 +105,39 @@ class ProtocolConfig(Checked):
 
 
 @dataclass
+class SearchConfig(Checked):
+    """A budget search (``job=search``, ``+exp=budget_search``; :mod:`snapeval.search`): the smallest budget
+    at which ``method`` keeps ``target`` of the full cache's accuracy."""
+
+    path = "search"
+
+    method: str = setting("snapstream", check=budgeted_method, help="a method that takes a budget")
+    target: float = setting(0.95, check=number(0, 1, low_open=True), help="retention to keep")
+    budgets: list[int] = setting([128, 256, 512, 1024], help="the coarse ladder, evaluated first")
+    resolution: int = setting(32, check=integer(), help="bisect until passing and failing are this close")
+    min_samples: int = setting(10, check=integer(), help="samples per budget at first")
+    max_samples: int = setting(80, check=integer(high=MAX_REQUESTS), help="at most, per budget")
+    params: dict[str, Any] = setting({}, help="the method's other parameters, fixed")
+    compare: bool = setting(False, check=boolean, help="also the exhaustive grid, and the samples ratio")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.budgets or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in self.budgets
+        ):
+            raise SnapevalError(
+                f"must be a non-empty list of positive integers, got {self.budgets!r}", "search.budgets"
+            )
+        if self.min_samples > self.max_samples:
+            message = f"must be at most search.max_samples = {self.max_samples}, got {self.min_samples}"
+            raise SnapevalError(message, "search.min_samples")
+
+
+@dataclass
 class Config(Checked):
     """The whole config of ``python -m snapeval``."""
 
-    job: str = setting("evaluate", check=choice("evaluate", "memory"), stored=False)
+    job: str = setting("evaluate", check=choice("evaluate", "memory", "search"), stored=False)
     seed: int = setting(0, check=integer(low=0))
     run: RunConfig = setting(RunConfig, hashed=False)
     generation: GenerationConfig = setting(GenerationConfig)
@@ -109,6 +146,7 @@ class Config(Checked):
     cache: Any = setting(MISSING, help="a cache method's parameters (snapeval/configs/cache.py)")
     grid: Any = setting(None, stored=False, help="cache settings from one prefill (each point is stored)")
     memory: Any = setting(None, stored=False, help="the memory estimator's settings (job=memory)")
+    search: SearchConfig | None = setting(None, stored=False, help="a budget search's settings (job=search)")
     protocol: ProtocolConfig | None = setting(None, when_set=True)
     hardware: Any = setting(None, when_set=True, help="a conf/hardware entry (+hardware=NAME)")
 

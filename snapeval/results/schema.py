@@ -1,5 +1,5 @@
-"""The results database's tables: runs, their scored samples, the claims of workers on samples, and
-memory estimates.
+"""The results database's tables: runs, their scored samples, the claims of workers on samples, memory
+estimates and budget searches' decisions.
 
 A running run renews ``expires_at`` while its worker lives (:class:`snapeval.results.leases.Lease`); a
 ``running`` run past it, or whose process on this host is gone, is shown as ``stale``. A claim keeps
@@ -92,6 +92,16 @@ memory_estimates = Table(
     Column("config", JSON(none_as_null=True), nullable=False),
     Column("estimate", JSON(none_as_null=True), nullable=False),
     Column("estimated_at", DateTime(timezone=True), nullable=False),
+)
+
+decisions = Table(
+    "decisions",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("config_hash", String(64), nullable=False, unique=True),
+    Column("config", JSON(none_as_null=True), nullable=False),  # model, task, search settings
+    Column("decision", JSON(none_as_null=True), nullable=False),  # snapeval.search.Decision.stored()
+    Column("decided_at", DateTime(timezone=True), nullable=False),
 )
 
 

@@ -22,7 +22,7 @@ from snapeval.results.identity import (
     upgraded,
 )
 from snapeval.results.leases import DEFAULT_LEASE_S, STALE_ERROR, expiry, run_state, utcnow, worker_gone
-from snapeval.results.schema import RunStatus, claims, memory_estimates, runs, samples
+from snapeval.results.schema import RunStatus, claims, decisions, memory_estimates, runs, samples
 
 if TYPE_CHECKING:  # pandas loads with the first DataFrame: opening a database (or refusing one) is faster
     import pandas as pd
@@ -246,6 +246,25 @@ class ResultsDB:
         replace = {key: insert.excluded[key] for key in ("config", "estimate", "estimated_at")}
         with self.engine.begin() as conn:
             conn.execute(insert.on_conflict_do_update(index_elements=["config_hash"], set_=replace))
+
+    def add_decision(self, config: Mapping[str, Any], decision: Mapping[str, Any]) -> None:
+        """Store a budget search's ``decision`` (:mod:`snapeval.search`), replacing any stored for the same
+        search ``config``."""
+        values = {
+            "config_hash": config_hash(config, ignore=()),
+            "config": dict(config),
+            "decision": dict(decision),
+            "decided_at": utcnow(),
+        }
+        insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](decisions).values(values)
+        replace = {key: insert.excluded[key] for key in ("config", "decision", "decided_at")}
+        with self.engine.begin() as conn:
+            conn.execute(insert.on_conflict_do_update(index_elements=["config_hash"], set_=replace))
+
+    def decisions(self) -> list[dict[str, Any]]:
+        """Every stored budget-search decision: its config, decision and when it was made, oldest first."""
+        with self.engine.connect() as conn:
+            return [dict(row) for row in conn.execute(select(decisions).order_by(decisions.c.id)).mappings()]
 
     def memory_dataframe(self) -> pd.DataFrame:
         """One row per memory estimate: the estimate's columns, its config hash and when it was made."""
