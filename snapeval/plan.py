@@ -25,6 +25,7 @@ from snapeval.configs.methods import draft_names, missing_extra
 from snapeval.configs.root import MAX_REQUESTS
 from snapeval.errors import SnapevalError
 from snapeval.grid import grid_points, skipped_options
+from snapeval.protocols import announce
 
 if TYPE_CHECKING:
     from snapeval.tasks import Task
@@ -56,6 +57,7 @@ class RunPlan:
 def check_inputs(config: dict[str, Any]) -> Inputs:
     """Every check that needs no torch and no model weights, in order (see the module's docstring)."""
     check(config)
+    announce(config)  # a preset's deviations from the official run, stored with it (its config)
     if config["task"]["name"] == "livecodebench":  # graded in the sandbox: a machine that cannot run it
         from snapeval.sandbox import isolation
 
@@ -64,6 +66,12 @@ def check_inputs(config: dict[str, Any]) -> Inputs:
 
     limit = config["run"]["limit"]
     task = load_task(config["task"], config["seed"], limit)
+    if config["model"].get("completion") and not task.reads_as_text:
+        raise SnapevalError(
+            f"{config['model']['name']} is a base model (plain-text prompts): task {config['task']['name']} "
+            "needs a chat model; run a RULER task (task=ruler_passkey, ruler_niah_single, ...)",
+            "model.completion",
+        )
     if not task.needs_tokenizer:  # rows are read from a file (or the Hub): read them now
         rows = task.rows(None)[:limit]
         task.check_fits(rows, config["model"]["max_context"])  # a row too long, before any tokenizer

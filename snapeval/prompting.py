@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 from snapeval.errors import SnapevalError
-from snapeval.models import encode_chat
+from snapeval.models import encode_chat, plain_text
 from snapeval.tasks.base import RAW_ROLE
 
 Messages = list[dict[str, str]]
@@ -90,6 +90,8 @@ def prompt_text(tokenizer: PreTrainedTokenizerBase, prompt: PromptInput) -> str:
         return prompt
     if is_raw(prompt):
         return prompt[0]["content"]
+    if not tokenizer.chat_template:  # a base model: the messages as they are
+        return plain_text(prompt)
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
 

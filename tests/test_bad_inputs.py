@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from snapeval import batch_rows, runner
+from snapeval import batch_rows, evaluation, runner
 from snapeval.__main__ import check_before_hydra
 from snapeval.cache.slots import SlotCache
 from snapeval.configs.compose import compose_config
@@ -202,7 +202,7 @@ def test_a_bad_context_length_fails_before_the_model(tmp_path, monkeypatch):
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(runner, "load_model", no_model)
+    monkeypatch.setattr(evaluation, "load_model", no_model)
     cfg = compose_config("task.context_length=16", "run.limit=1", f"run.db={tmp_path / 'db.sqlite'}")
     with pytest.raises(SnapevalError) as info:
         runner.run(cfg)

@@ -19,12 +19,13 @@ from datetime import datetime
 import pytest
 import torch
 
-from snapeval import runner
+from snapeval import evaluation, runner
 from snapeval.cache import build_cache
 from snapeval.cache.grid import CacheGrid
 from snapeval.configs.check import check
 from snapeval.continuous import ContinuousBatcher, Request, prefills
 from snapeval.errors import SnapevalError
+from snapeval.evaluation import Evaluation
 from snapeval.generation import append_logits, generate, prefill_logits
 from snapeval.grid import grid_points
 from snapeval.results import ResultsDB
@@ -219,7 +220,7 @@ def test_an_interrupted_grid_resumes_with_nothing_lost_or_computed_twice(
     composed, tmp_path, alone, monkeypatch
 ):
     stored = []
-    real_store = runner._store
+    real_store = Evaluation.commit
 
     def interrupted_after_ten(*args):
         if len(stored) == 10:
@@ -227,14 +228,14 @@ def test_an_interrupted_grid_resumes_with_nothing_lost_or_computed_twice(
         stored.append(args[1].digest)
         return real_store(*args)
 
-    monkeypatch.setattr(runner, "_store", interrupted_after_ten)
+    monkeypatch.setattr(Evaluation, "commit", interrupted_after_ten)
     with pytest.raises(KeyboardInterrupt):
         runner.run(composed(tmp_path, GRID))
-    monkeypatch.setattr(runner, "_store", real_store)
+    monkeypatch.setattr(Evaluation, "commit", real_store)
     assert len(stored_rows(tmp_path / "db.sqlite")) == 10
     scored = []  # every sample generated is scored once
-    real_row = runner.sample_row
-    monkeypatch.setattr(runner, "sample_row", lambda *args: scored.append(args[1].id) or real_row(*args))
+    real_row = evaluation.sample_row
+    monkeypatch.setattr(evaluation, "sample_row", lambda *args: scored.append(args[1].id) or real_row(*args))
     resumed = runner.run(composed(tmp_path, GRID))
     assert len(scored) == sum(summary.computed for summary in resumed) == len(alone) - 10  # the missing
     assert all(summary.n == 2 for summary in resumed)

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from snapeval import runner
+from snapeval import evaluation, runner
 from snapeval.configs.compose import compose_config
 from snapeval.continuous import ContinuousBatcher
 from snapeval.errors import SnapevalError
@@ -94,7 +94,7 @@ def test_a_runner_request_equals_the_lm_eval_request_for_the_same_prompt(
             queued.extend(requests)
             return super().reserve(requests)
 
-    monkeypatch.setattr(runner, "ContinuousBatcher", Recording)
+    monkeypatch.setattr(evaluation, "ContinuousBatcher", Recording)
     cfg = compose_config(
         f"run.db={tmp_path / 'db.sqlite'}",
         "run.progress=false",

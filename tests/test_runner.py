@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from snapeval import runner
+from snapeval.evaluation import Evaluation
 from snapeval.generation import generate
 from snapeval.models import encode_chat
 from snapeval.results import ResultsDB, load
@@ -60,7 +61,7 @@ def test_snapstream_with_budget_over_prompt_gives_the_full_cache_outputs(tiny, t
 def test_rerun_computes_only_missing_samples_and_survives_interruption(tiny, tmp_path, monkeypatch):
     overrides = (*tiny, "task.context_length=512", "cache=snapstream", "cache.budget=256")
     stored = []
-    real_store = runner._store
+    real_store = Evaluation.commit
 
     def interrupted_after_one(*args, **kwargs):
         if stored:
@@ -68,10 +69,10 @@ def test_rerun_computes_only_missing_samples_and_survives_interruption(tiny, tmp
         stored.append(1)
         return real_store(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "_store", interrupted_after_one)
+    monkeypatch.setattr(Evaluation, "commit", interrupted_after_one)
     with pytest.raises(KeyboardInterrupt):
         runner.run(config(tmp_path, "run.limit=3", *overrides))
-    monkeypatch.setattr(runner, "_store", real_store)
+    monkeypatch.setattr(Evaluation, "commit", real_store)
     frame = load(tmp_path / "db.sqlite")
     assert len(frame) == 1 and frame["status"].iloc[0] == "interrupted"
 

@@ -88,7 +88,7 @@ def test_runs_stored_before_the_registry_resume_after_migrate(tmp_path: Path, mo
     """A database written by snapeval before the task registry (ruler_passkey, 3 samples; its configs
     hold ``task.family``): ``python -m snapeval.results migrate`` re-keys it, then the same run computes
     nothing (no model loads) and reads the stored outputs."""
-    from snapeval import runner
+    from snapeval import evaluation, runner
     from snapeval.results import load
     from snapeval.results.__main__ import main as results_cli
 
@@ -99,7 +99,9 @@ def test_runs_stored_before_the_registry_resume_after_migrate(tmp_path: Path, mo
     assert results_cli(["migrate", "--db", str(db)]) == 0
     assert results_cli(["migrate", "--db", str(db)]) == 0  # idempotent
     overrides = ("run.limit=3", "task.context_length=256", "task.max_new_tokens=8", "run.progress=false")
-    monkeypatch.setattr(runner, "load_model", lambda *args: pytest.fail("the model loaded: nothing to do"))
+    monkeypatch.setattr(
+        evaluation, "load_model", lambda *args: pytest.fail("the model loaded: nothing to do")
+    )
     [summary] = runner.run(compose_config(*overrides, f"run.db={db}"))
     assert (summary.n, summary.computed) == (3, 0)
     after = load(db)

@@ -8,6 +8,7 @@ from typing import Any
 from snapeval.configs.fields import (
     PROMPT_STYLES,
     Checked,
+    boolean,
     choice,
     device,
     integer,
@@ -42,6 +43,12 @@ class ModelConfig(Checked):
         check=choice(*PROMPT_STYLES),
         hashed=False,
         help="LiveCodeBench's prompt for this model (hashed as the task.prompt_style it sets)",
+    )
+    completion: bool = setting(
+        False,
+        check=boolean,
+        when_set=True,
+        help="a base model (no chat template): prompts are plain text; RULER tasks only",
     )
     config_overrides: Any = setting(  # Any: OmegaConf cannot merge a mapping into a null Dict node
         None,

@@ -41,7 +41,8 @@ UNHASHED: tuple[str, ...] = (
     *(path for path, item in declared_fields() if item.metadata["stored"] and not item.metadata["hashed"]),
 )
 
-#: Optional nodes stored only when set (``setting(when_set=True)``): ``protocol``, ``model.config_overrides``.
+#: Optional nodes stored only when set, not null or false (``setting(when_set=True)``): ``protocol``,
+#: ``model.config_overrides``, ``model.completion``.
 WHEN_SET: tuple[str, ...] = tuple(path for path, item in declared_fields() if item.metadata["when_set"])
 
 #: Short column names in :func:`load`, for the config keys that identify an experiment.
@@ -87,12 +88,12 @@ def stored_config(cfg: Mapping[str, Any], cache_params: Mapping[str, Any]) -> di
 
 
 def keep_stored(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` less :data:`NOT_STORED` and the :data:`WHEN_SET` nodes left unset."""
+    """``config`` less :data:`NOT_STORED` and the :data:`WHEN_SET` nodes left unset (null or false)."""
     for path in NOT_STORED:
         config = _without(config, path)
     for path in WHEN_SET:
         found, value = _lookup(config, path)
-        if found and value is None:
+        if found and (value is None or value is False):
             config = _without(config, path)
     return dict(config)
 

@@ -124,6 +124,9 @@ class Task(ABC):
     metrics: ClassVar[tuple[str, ...]]
     options: ClassVar[dict[str, tuple[str, ...]]] = {}
     system_message: ClassVar[str | None] = None
+    reads_as_text: ClassVar[bool] = False
+    """Whether its prompts read as plain text for a base model (``model.completion``): a prompt that ends
+    where the answer begins, needing no chat turn."""
     id_field: ClassVar[str | None] = None
     needs_tokenizer: ClassVar[bool] = False  # rows are generated with the model's tokenizer
     source: ClassVar[DataSource | None] = None

@@ -160,7 +160,7 @@ def _render(plan: _Plan, sentences: Sequence[str]) -> str:
 
 
 def prompt_tokens(tokenizer: PreTrainedTokenizerBase, prompt: str) -> int:
-    """Tokens the model is fed for ``prompt``: the chat-templated user turn."""
+    """Tokens the model is fed for ``prompt``: the chat-templated user turn (a base model's: the text)."""
     from snapeval.models import encode_chat  # torch loads with the tokenizer, not with the task's config
 
     return len(encode_chat(tokenizer, [{"role": "user", "content": prompt}]))
@@ -272,6 +272,7 @@ class Ruler(Task):
 
     names = tuple(f"ruler_{kind}" for kind in KINDS)
     metrics = ("score",)
+    reads_as_text = True  # each question ends with the answer's opening ("The pass key is")
     id_field = "id"
     needs_tokenizer = True
 

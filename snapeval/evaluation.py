@@ -1,0 +1,156 @@
+"""Generating, scoring and storing a run's missing samples: the steps of one execution of a plan.
+
+:class:`Evaluation` loads the model, then, group by group (every setting of a grid together, or each
+alone when ``grid.share_prefill`` is false), queues a request per (prompt, point) still to do, claims
+them in the database as the batcher frees rows (:class:`snapeval.workers.ClaimingFeed`), queues a
+two-pass task's answer call as soon as its first call ends, and scores and commits each sample the
+moment its last call ends (a compressed point's sample waits for the full cache's output of the same
+sample when that is being computed too: its fidelity needs it).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from snapeval.batch_rows import usable_rows
+from snapeval.cache import effective_params, install
+from snapeval.continuous import Answer, ContinuousBatcher, Request
+from snapeval.grid import shares_prefill
+from snapeval.models import ModelSpec, attach_drafts, load_model
+from snapeval.records import answer_text, sample_row
+from snapeval.requests import RequestBuilder, sample_seed, sampling, stop_ids
+from snapeval.results import ResultsDB, config_hash
+from snapeval.tasks import Prompt, Task
+from snapeval.workers import ClaimingFeed, stored_in
+
+Calls = list[Answer]  # the answers of a sample's calls so far (two for a two-pass task)
+
+
+@dataclass
+class Point:
+    """One cache setting of a run: its stored config, hash and run, the samples it lacked at the start,
+    those this worker claimed (the others' claims it leaves alone) and how many it stored."""
+
+    config: dict[str, Any]
+    digest: str
+    run_id: int
+    todo: set[str]
+    claimed: set[str] = field(default_factory=set)
+    stored: int = 0
+
+
+def full_cache_digest(config: Mapping[str, Any]) -> str:
+    """The config hash of the full-cache run of the same model, task and samples as ``config``."""
+    return config_hash({**config, "cache": effective_params({"method": "full"})})
+
+
+class Evaluation:
+    """One execution's generation: the model, the request builder, the full cache's outputs (the others'
+    reference) and the samples waiting for them, and the progress bar."""
+
+    def __init__(
+        self,
+        cfg: Mapping[str, Any],
+        spec: ModelSpec,
+        tokenizer: PreTrainedTokenizerBase,
+        task: Task,
+        points: list[Point],
+        db: ResultsDB,
+    ) -> None:
+        self.cfg, self.task, self.points, self.db, self.tokenizer = cfg, task, points, db, tokenizer
+        self.model = install(load_model(spec))
+        attach_drafts(self.model, tokenizer, [point.config["cache"] for point in points])
+        eos = stop_ids(tokenizer.eos_token_id, self.model.generation_config.eos_token_id)
+        self.builder = RequestBuilder.for_task(tokenizer, task, spec.max_context, eos)
+        digest = full_cache_digest(points[0].config)
+        self.reference = {row["sample_id"]: row["output"] for row in db.samples_for(digest)}
+        self.full = next((point for point in points if point.digest == digest), None)
+        self.awaiting: dict[str, list[tuple[Point, Prompt, Calls]]] = defaultdict(list)
+        label = points[0].config["cache"]["method"] if len(points) == 1 else f"{len(points)} cache settings"
+        self.progress = tqdm(
+            total=sum(len(point.todo) for point in points),
+            desc=f"{task.name} [{label}]",
+            disable=not cfg["run"]["progress"],
+        )
+
+    def run(self, prompts: list[Prompt], lease_s: float) -> None:
+        """Generate, score and store every missing (prompt, point), group by group."""
+        groups = [self.points] if shares_prefill(self.cfg) else [[point] for point in self.points]
+        most = max(sum(prompt.id in point.todo for prompt in prompts for point in group) for group in groups)
+        rows = usable_rows(self.cfg["run"]["batch_size"], most)  # rows beyond the requests stay idle
+        batcher = ContinuousBatcher(self.model, rows, self.cfg["run"]["compile"])
+        with self.progress:  # closed before an error is reported, so its line comes last
+            for group in groups:
+                self.run_group(batcher, group, prompts, lease_s)
+
+    def run_group(
+        self, batcher: ContinuousBatcher, group: list[Point], prompts: list[Prompt], lease_s: float
+    ) -> None:
+        """The group's requests, claimed as rows free, until none is left or live workers hold the rest."""
+        task = self.task
+        queued = [
+            self.request(point, prompt, prompt.messages, task.max_new_tokens, [])
+            for prompt in prompts
+            for point in group
+            if prompt.id in point.todo
+        ]
+        if queued:
+            batcher.reserve(queued)  # for all of them: claiming as it goes never resizes the compiled step
+        while queued:
+            feed = ClaimingFeed(self.db, queued, batcher.rows, lease_s)
+            batcher.run([], self.on_answer, more=feed.next)
+            if not feed.claimed_any:
+                return  # the rest is claimed by live workers: theirs to store
+            done = {point.digest: self.db.done_sample_ids(point.digest) for point in group}
+            queued = [request for request in queued if not stored_in(request, done)]
+
+    def request(self, point: Point, prompt: Prompt, messages: Any, max_new: int, calls: Calls) -> Request:
+        """The request of a sample's next call (the draws and points of one problem share one encoding,
+        and in the batcher one prefill)."""
+        seed = sample_seed(self.cfg["seed"], f"{prompt.id}#answer" if calls else prompt.id)
+        draw = sampling(self.cfg["generation"], seed)
+        stops = getattr(self.task, "stop", ())  # the task's stop strings
+        return self.builder.request(
+            messages, max_new, point.config["cache"], draw, stops, (point, prompt, calls)
+        )
+
+    def on_answer(self, answer: Answer) -> list[Request]:
+        """A call ended: queue a two-pass task's answer call, or store the sample."""
+        point, prompt, calls = answer.request.tag
+        calls = [*calls, answer]
+        answer_pass = self.task.answer_pass
+        if answer_pass and len(calls) == 1:
+            messages = answer_pass.messages(prompt, answer_text(self.tokenizer, answer))
+            return [self.request(point, prompt, messages, answer_pass.max_new_tokens, calls)]
+        self.store(point, prompt, calls)
+        return []
+
+    def store(self, point: Point, prompt: Prompt, calls: Calls) -> None:
+        """Score and commit a sample (a compressed one after the full cache's output it is compared with)."""
+        full, reference = self.full, self.reference
+        if (
+            point is not full
+            and full is not None
+            and prompt.id in full.claimed
+            and prompt.id not in reference
+        ):
+            self.awaiting[prompt.id].append((point, prompt, calls))
+            return
+        known = None if point is full else reference.get(prompt.id)
+        row = sample_row(self.task, prompt, calls, known, self.tokenizer, self.model.device)
+        self.commit(point, row)
+        if point is full:
+            reference[prompt.id] = row["output"]
+            for waiting in self.awaiting.pop(prompt.id, []):
+                self.store(*waiting)
+
+    def commit(self, point: Point, row: dict[str, Any]) -> None:
+        """Commit one scored sample to its point's run."""
+        point.stored += self.db.add_sample(point.run_id, point.digest, row)
+        self.progress.update()
