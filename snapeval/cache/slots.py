@@ -46,12 +46,6 @@ from snapeval.couplings import engine_bypassed
 from snapeval.errors import SnapevalError
 
 
-def rerotates(cache: SnapevalCache) -> bool:
-    """Whether ``cache`` turns its sink keys to their positions inside the cache (StreamingLLM's
-    ``rerotate``)."""
-    return bool(getattr(cache, "rerotate", False))
-
-
 class SlotCache:
     """``rows`` decode rows of ``capacity`` slots per full layer and KV head, filled one request at a time.
 
@@ -206,7 +200,7 @@ class SlotCache:
             rings.wraps[row] = 0
         self.seen[row] = first.seen
         self.recorder.fed[row] = 0
-        rerotate = rerotates(cache) and any(layer.ring_start > 0 for layer in cache.layers)
+        rerotate = getattr(cache, "rerotate", False) and any(layer.ring_start > 0 for layer in cache.layers)
         self.rerotate[row] = rerotate
         if rerotate:
             self.admit(cache)
@@ -226,7 +220,7 @@ class SlotCache:
         eviction = cache.decode_eviction(prompt_length)
         if eviction is not None:
             self.recorder.prepare(eviction, self.keys[0].dtype)
-        if rerotates(cache):
+        if getattr(cache, "rerotate", False):  # StreamingLLM's: sinks turned to their place in the cache
             for rotation in self.rotations:
                 if not isinstance(rotation, KeyRotation):
                     why = rotation or "re-rotating keys needs an installed model"
