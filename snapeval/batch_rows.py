@@ -1,10 +1,10 @@
 """How many decode rows a run gets: ``run.batch_size``, capped by what the run can use (its number
 of requests) and refused in one line when the rows would not fit in the memory free on the device.
 
-A row holds ``capacity`` slots in every layer and KV head: keys, values and their positions
-(:class:`snapeval.cache.slots.SlotCache`), so its bytes are the slot's bytes (the memory estimator's
-bytes per token, :func:`snapeval.memory.kv.kv_bytes_per_token`, plus an 8-byte position per layer and
-head) times the capacity.
+A row holds ``capacity`` slots in every full layer and KV head and ``min(window, capacity)`` in a layer
+with a sliding window: keys, values and their positions (:class:`snapeval.cache.slots.SlotCache`), so its
+bytes are the memory estimator's bytes per sequence at ``capacity`` tokens (:func:`kv_row_bytes`) plus an
+8-byte position per slot and a valid flag per ring slot (:func:`row_bytes`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from snapeval.cache.ring import window_capacity
 from snapeval.errors import SnapevalError
 
 FIELD = "run.batch_size"
@@ -27,13 +28,29 @@ def usable_rows(batch_size: int, requests: int) -> int:
     return max(1, min(batch_size, requests))
 
 
-def row_bytes(capacity: int, shapes: tuple[int, int, int, int, torch.dtype]) -> int:
-    """Bytes of one row of ``capacity`` slots for a model caching ``shapes`` (layers, KV heads, key width,
-    value width, dtype; :func:`snapeval.cache.slots.cached_shapes`)."""
+def row_bytes(
+    capacity: int, shapes: tuple[int, int, int, int, torch.dtype], windows: Sequence[int | None]
+) -> int:
+    """Bytes of one row of ``capacity`` slots (on a full layer; a layer with a sliding window holds
+    ``min(window, capacity)``) for a model caching ``shapes`` (layers, KV heads, key width, value width,
+    dtype; :func:`snapeval.cache.slots.cached_shapes`) with ``windows`` per layer
+    (:func:`snapeval.cache.ring.model_windows`): its keys and values (:func:`kv_row_bytes`), an int64
+    position per slot and KV head, and a valid flag per slot of each distinct window's ring."""
+    kv_heads = shapes[1]
+    positions = sum(window_capacity(window, capacity) for window in windows) * kv_heads * POSITION_BYTES
+    flags = sum(window_capacity(window, capacity) for window in set(windows))
+    return kv_row_bytes(capacity, shapes, windows) + positions + flags
+
+
+def kv_row_bytes(
+    capacity: int, shapes: tuple[int, int, int, int, torch.dtype], windows: Sequence[int | None]
+) -> int:
+    """Bytes of keys and values a row of ``capacity`` slots holds, windows counted (what the memory
+    estimator counts per sequence: :func:`snapeval.memory.kv.kv_bytes_per_sequence`)."""
     layers, kv_heads, key_dim, value_dim, dtype = shapes
     itemsize = torch.empty((), dtype=dtype).element_size()
-    per_slot = layers * kv_heads * ((key_dim + value_dim) * itemsize + POSITION_BYTES) + 1  # + valid flag
-    return capacity * per_slot
+    held = sum(window_capacity(window, capacity) for window in windows)
+    return held * kv_heads * (key_dim + value_dim) * itemsize
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -55,11 +72,13 @@ def free_bytes(device: torch.device) -> int | None:
         return None
 
 
-def check_rows_fit(plan: Sequence[tuple[int, int]], shapes: tuple, device: torch.device) -> None:
+def check_rows_fit(
+    plan: Sequence[tuple[int, int]], shapes: tuple, windows: Sequence[int | None], device: torch.device
+) -> None:
     """Refuse rows in ``plan`` (capacity, rows per class of rows) that the memory free on ``device`` cannot
-    hold."""
+    hold (:func:`row_bytes`)."""
     rows = sum(count for _, count in plan)
-    total = sum(count * row_bytes(capacity, shapes) for capacity, count in plan)
+    total = sum(count * row_bytes(capacity, shapes, windows) for capacity, count in plan)
     free = free_bytes(device)
     if free is None or total <= free:
         return

@@ -180,15 +180,17 @@ def test_an_unknown_press_is_named(tmp_path):
 
 def test_rows_are_capped_by_the_requests_and_by_free_memory(monkeypatch):
     assert batch_rows.usable_rows(100_000, 10) == 10 and batch_rows.usable_rows(8, 10) == 8
-    shapes = (2, 3, 16, 8, torch.float32)
-    slots = SlotCache(1, 40, *shapes, torch.device("cpu"))  # one row: what row_bytes must count
-    tensors = [*slots.keys, *slots.values, *slots.positions, slots.valid]
-    assert batch_rows.row_bytes(40, shapes) == sum(t.numel() * t.element_size() for t in tensors)
-    per_row = batch_rows.row_bytes(40, shapes)
+    shapes, windows = (3, 3, 16, 8, torch.float32), [None, 8, 8]  # a full layer, two with a window of 8
+    slots = SlotCache(1, 40, *shapes, torch.device("cpu"), windows=windows)  # one row: what row_bytes counts
+    valid = [rings.valid for rings in slots.rings.values()]
+    tensors = [*slots.keys, *slots.values, *slots.positions, *valid]
+    assert batch_rows.row_bytes(40, shapes, windows) == sum(t.numel() * t.element_size() for t in tensors)
+    assert batch_rows.row_bytes(40, shapes, windows) < batch_rows.row_bytes(40, shapes, [None] * 3)
+    per_row = batch_rows.row_bytes(40, shapes, windows)
     monkeypatch.setattr(batch_rows, "free_bytes", lambda device: 10 * per_row)
-    batch_rows.check_rows_fit([(40, 10)], shapes, torch.device("cpu"))  # fits
+    batch_rows.check_rows_fit([(40, 10)], shapes, windows, torch.device("cpu"))  # fits
     with pytest.raises(SnapevalError) as info:
-        batch_rows.check_rows_fit([(40, 100_000)], shapes, torch.device("cpu"))
+        batch_rows.check_rows_fit([(40, 100_000)], shapes, windows, torch.device("cpu"))
     assert str(info.value).startswith("run.batch_size: 100000 rows of 40 slots take ")
     assert str(info.value).endswith("GiB free: use at most 10")
 

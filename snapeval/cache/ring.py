@@ -106,6 +106,13 @@ def layer_window(module: torch.nn.Module | None) -> int | None:
     return getattr(getattr(module, "config", None), "sliding_window", None)
 
 
+def model_windows(model: torch.nn.Module) -> list[int | None]:
+    """Each layer's sliding window (None: a full layer), by layer index (:func:`layer_window`)."""
+    # a layer's attention module comes after its decoder layer, so it is the one kept per index
+    attentions = {m.layer_idx: m for m in model.modules() if hasattr(m, "layer_idx")}
+    return [layer_window(attentions.get(index)) for index in range(len(attentions))]
+
+
 class RowRings:
     """The batcher's per-row ring cursors of the layers that share one capacity (full layers, or the
     layers with one sliding window), as device tensors, and which of their slots each row holds."""

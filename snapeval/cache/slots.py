@@ -33,7 +33,7 @@ from snapeval.cache.attention import ROPE_ROTATION, cache_keyword
 from snapeval.cache.base import EMPTY, SnapevalCache, histogram_of_kept, stacked
 from snapeval.cache.ring import (
     RowRings,
-    layer_window,
+    model_windows,
     oldest_first,
     rerotated_sinks,
     visible_slots,
@@ -99,7 +99,7 @@ class SlotCache:
         # a layer's attention module comes after its decoder layer, so it is the one kept per index
         attentions = {m.layer_idx: m for m in model.modules() if hasattr(m, "layer_idx")}
         rotations = [getattr(attentions.get(index), ROPE_ROTATION, None) for index in range(len(attentions))]
-        windows = [layer_window(attentions.get(index)) for index in range(len(attentions))]
+        windows = model_windows(model)
         layers, kv_heads, key_dim, value_dim, dtype = shapes or cached_shapes(model)
         shape = (layers, kv_heads, key_dim, value_dim, dtype, model.device)
         return cls(rows, capacity, *shape, rotations, windows, attentions)
