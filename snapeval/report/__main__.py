@@ -1,0 +1,67 @@
+"""``python -m snapeval.report [--db URL] [--out PATH] [--markdown] [--targets T ...] [--gates SPEC]``."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from snapeval.cli import add_db_option, one_line_errors, open_existing
+from snapeval.errors import SnapevalError
+
+DEFAULT_TARGETS = (0.95, 0.99)
+
+
+@one_line_errors
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m snapeval.report",
+        description="One self-contained HTML (or Markdown) decision report of a results database.",
+    )
+    add_db_option(parser)
+    parser.add_argument("--out", type=Path, help="the file to write (default: report.html, or report.md)")
+    parser.add_argument("--markdown", action="store_true", help="write Markdown instead of HTML")
+    parser.add_argument(
+        "--targets",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_TARGETS),
+        help="retention targets (default: 0.95 0.99)",
+    )
+    parser.add_argument(
+        "--gates", type=Path, help="a gate spec (conf/gates/ci.yaml) to judge on the stored samples"
+    )
+    parser.add_argument("--flips", type=int, default=5, help="flipped samples shown per setting (default: 5)")
+    args = parser.parse_args(argv)
+    if any(not math.isfinite(t) or t <= 0 for t in args.targets):
+        raise SnapevalError(
+            f"must be finite numbers > 0, got {' '.join(map(str, args.targets))}", "--targets"
+        )
+    if args.flips < 0:
+        raise SnapevalError(f"must be >= 0, got {args.flips}", "--flips")
+    out = args.out or Path("report.md" if args.markdown else "report.html")
+    if not out.parent.is_dir():
+        raise SnapevalError(f"cannot write the report: no folder {out.parent}", "--out")
+    from snapeval.report import build_report, render_html, render_markdown  # numpy, pandas, SQLAlchemy
+
+    gates = []
+    if args.gates:
+        from snapeval.gate import load_gates  # Hydra: only to judge gates
+
+        gates = load_gates(args.gates)
+    with open_existing(args.db) as db:
+        document = build_report(
+            db, sorted(set(args.targets)), figures=not args.markdown, flips=args.flips, gates=gates
+        )
+    text = render_markdown(document) if args.markdown else render_html(document)
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise SnapevalError(f"cannot write the report: {exc.strerror}", "--out") from None
+    print(f"wrote {out} ({len(text.encode()) / 1024:,.0f} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

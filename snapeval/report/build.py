@@ -1,0 +1,134 @@
+"""The whole report of a database: what it is and how to read it, the decision over every experiment, the
+gates' verdicts when asked, then a section per experiment."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import make_url
+
+from snapeval.report.analysis import accuracy_interval
+from snapeval.report.data import load_experiments
+from snapeval.report.document import (
+    Block,
+    Cell,
+    Document,
+    Heading,
+    Mark,
+    Paragraph,
+    Table,
+    interval,
+    number,
+    signed,
+)
+from snapeval.report.experiment import Analysis, analyse, decision_cell, experiment_blocks
+from snapeval.results import ResultsDB
+from snapeval.results.identity import git_sha
+
+if TYPE_CHECKING:  # the gates' module composes configs with Hydra: loaded only to judge gates
+    from snapeval.gate import Gate, Verdict
+
+TITLE = "KV-cache compression: decision report"
+
+
+def build_report(
+    db: ResultsDB,
+    targets: Sequence[float],
+    *,
+    figures: bool = True,
+    flips: int = 5,
+    gates: Sequence[Gate] = (),
+) -> Document:
+    """The report of every experiment stored in ``db`` at the retention ``targets``; its figures drawn
+    when ``figures``, ``flips`` flipped samples shown per setting, and the verdicts of ``gates``."""
+    targets = tuple(targets)
+    analyses = [analyse(experiment, targets) for experiment in load_experiments(db)]
+    blocks: list[Block] = [*_header(db, targets, figures), *_decisions(analyses, targets)]
+    if gates:
+        from snapeval.gate import judge
+
+        blocks += _gate_blocks([judge(gate, db) for gate in gates])
+    for index, analysis in enumerate(analyses, start=1):
+        blocks += experiment_blocks(analysis, f"experiment-{index}", targets, figures, flips)
+    return Document(TITLE, tuple(blocks))
+
+
+def _header(db: ResultsDB, targets: tuple[float, ...], figures: bool) -> list[Block]:
+    try:
+        version = importlib.metadata.version("snapeval")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(version not installed)"
+    commit = git_sha()
+    database = make_url(db.url).render_as_string(hide_password=True)
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
+    blocks: list[Block] = [
+        Heading(1, TITLE),
+        Paragraph(
+            f"Database {database}; written {now} UTC by snapeval {version}, "
+            f"commit {commit[:12] if commit else 'not available (no git checkout)'}."
+        ),
+        Paragraph(
+            "Retention is a method's accuracy over the full cache's on the same samples, with its 95% paired "
+            "bootstrap interval. A budget meets a retention target t when the one-sided 95% lower bound of "
+            "mean(method) - t x mean(full) over the paired samples is >= 0 (the rule of snapeval.gate). "
+            f"Targets: {', '.join(f'{t:g}' for t in targets)}."
+        ),
+    ]
+    if not figures:
+        blocks.append(
+            Paragraph("Figures are drawn in the HTML report (the command without --markdown).", note=True)
+        )
+    return blocks
+
+
+def _decisions(analyses: list[Analysis], targets: tuple[float, ...]) -> list[Block]:
+    """One row per series of each experiment: the smallest budget meeting each target."""
+    rows: list[tuple[Cell, ...]] = []
+    for analysis in analyses:
+        experiment = analysis.experiment
+        settings = ", ".join(f"{k}={v}" for k, v in experiment.distinct.items()) or "-"
+        head = (experiment.model, experiment.task, settings)
+        full = interval(*accuracy_interval(experiment.full)) if experiment.full else "not stored"
+        if not experiment.series:
+            rows.append((*head, "-", full, *(Mark("no compressed setting", "muted") for _ in targets)))
+        for series in experiment.series:
+            cells = [decision_cell(d) for d in analysis.decisions if d.series is series]
+            rows.append((*head, series.label, full, *cells))
+    header = (
+        "Model",
+        "Task",
+        "Settings",
+        "Method",
+        "Full-cache accuracy",
+        *(f"Retention {t:g}" for t in targets),
+    )
+    return [
+        Heading(2, "Decision: the smallest budget meeting each retention target", "decision"),
+        Table(header, tuple(rows)),
+    ]
+
+
+def _gate_blocks(verdicts: list[Verdict]) -> list[Block]:
+    rows = tuple(
+        (
+            v.gate.name,
+            Mark("PASS", "pass") if v.passed else Mark("FAIL", "fail"),
+            f"{v.n} (min {v.gate.min_n})",
+            number(v.full_accuracy),
+            number(v.compressed_accuracy),
+            f"{number(v.retained)} (required {v.gate.min_retained:g})",
+            signed(v.lower_bound),
+            " ".join(v.gate.cache),
+        )
+        for v in verdicts
+    )
+    header = ("Gate", "Verdict", "Paired n", "Full acc.", "Compressed acc.", "Retained", "95% LB", "Cache")
+    passed = sum(v.passed for v in verdicts)
+    return [
+        Heading(2, "Accuracy gates", "gates"),
+        Paragraph(f"{passed} of {len(verdicts)} gates pass on the stored samples (nothing was run)."),
+        Table(header, rows),
+    ]
