@@ -48,6 +48,7 @@ from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.continuous import batcher as batcher_module
 from snapeval.models import load_model, load_tokenizer
 from snapeval.prompting import encode_with_split, fit_to_window
+from snapeval.stops import stop_ids
 from snapeval.tasks import load_task
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "SNAPEVAL_DATA_DIR" not in os.environ and SHARED_DATA.is_dir():
         os.environ["SNAPEVAL_DATA_DIR"] = str(SHARED_DATA)
     model, tokenizer = install(load_model(SPEC)), load_tokenizer(SPEC)
-    stop_ids = frozenset({tokenizer.eos_token_id})
+    stops = stop_ids(tokenizer, model.generation_config)  # the runner's
     grid = settings(args.budgets, args.kernels)
     workloads = []
     if args.longbench_tokens:
@@ -172,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = []
     for name, overrides, tokens in workloads:
         prompts = prompt_ids(overrides, tokens, args.prompts, args.max_new_tokens, tokenizer)
-        rows += workload(model, name, prompts, grid, args, stop_ids)
+        rows += workload(model, name, prompts, grid, args, stops)
         print(f"[grid] {name} done", file=sys.stderr, flush=True)
     if not args.skip_sweep:
         rows += sweep(args)

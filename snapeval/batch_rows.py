@@ -4,7 +4,8 @@ of requests) and refused in one line when the rows would not fit in the memory f
 A row holds ``capacity`` slots in every full layer and KV head and ``min(window, capacity)`` in a layer
 with a sliding window: keys, values and their positions (:class:`snapeval.cache.slots.SlotCache`), so its
 bytes are the memory estimator's bytes per sequence at ``capacity`` tokens (:func:`kv_row_bytes`) plus an
-8-byte position per slot and a valid flag per ring slot (:func:`row_bytes`).
+8-byte position per slot and a valid flag per ring slot (:func:`row_bytes`), all counted by
+:func:`snapeval.memory.kv.held_bytes`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from pathlib import Path
 
 import torch
 
-from snapeval.cache.ring import window_capacity
+from snapeval.cache.slots import CachedShapes
 from snapeval.errors import SnapevalError
+from snapeval.memory.kv import held_bytes
 
 FIELD = "run.batch_size"
 POSITION_BYTES = 8  # an int64 position per slot, layer and KV head
+FLAG_BYTES = 1  # a bool valid flag per slot of a ring
 MEMINFO = Path("/proc/meminfo")
 
 
@@ -28,29 +31,21 @@ def usable_rows(batch_size: int, requests: int) -> int:
     return max(1, min(batch_size, requests))
 
 
-def row_bytes(
-    capacity: int, shapes: tuple[int, int, int, int, torch.dtype], windows: Sequence[int | None]
-) -> int:
+def row_bytes(capacity: int, shapes: CachedShapes) -> int:
     """Bytes of one row of ``capacity`` slots (on a full layer; a layer with a sliding window holds
-    ``min(window, capacity)``) for a model caching ``shapes`` (layers, KV heads, key width, value width,
-    dtype; :func:`snapeval.cache.slots.cached_shapes`) with ``windows`` per layer
-    (:func:`snapeval.cache.ring.model_windows`): its keys and values (:func:`kv_row_bytes`), an int64
-    position per slot and KV head, and a valid flag per slot of each distinct window's ring."""
-    kv_heads = shapes[1]
-    positions = sum(window_capacity(window, capacity) for window in windows) * kv_heads * POSITION_BYTES
-    flags = sum(window_capacity(window, capacity) for window in set(windows))
-    return kv_row_bytes(capacity, shapes, windows) + positions + flags
+    ``min(window, capacity)``) for a model caching ``shapes`` (:func:`snapeval.cache.slots.cached_shapes`):
+    its keys and values (:func:`kv_row_bytes`), an int64 position per slot and KV head, and a valid flag
+    per slot of each distinct window's ring."""
+    positions = held_bytes(capacity, shapes.windows, shapes.kv_heads, POSITION_BYTES)
+    flags = held_bytes(capacity, set(shapes.windows), 1, FLAG_BYTES)
+    return kv_row_bytes(capacity, shapes) + positions + flags
 
 
-def kv_row_bytes(
-    capacity: int, shapes: tuple[int, int, int, int, torch.dtype], windows: Sequence[int | None]
-) -> int:
-    """Bytes of keys and values a row of ``capacity`` slots holds, windows counted (what the memory
-    estimator counts per sequence: :func:`snapeval.memory.kv.kv_bytes_per_sequence`)."""
-    layers, kv_heads, key_dim, value_dim, dtype = shapes
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    held = sum(window_capacity(window, capacity) for window in windows)
-    return held * kv_heads * (key_dim + value_dim) * itemsize
+def kv_row_bytes(capacity: int, shapes: CachedShapes) -> int:
+    """Bytes of keys and values a row of ``capacity`` slots holds: the memory estimator's bytes per
+    sequence of ``capacity`` tokens (:func:`snapeval.memory.kv.kv_bytes_per_sequence`)."""
+    width = shapes.kv_heads * (shapes.key_dim + shapes.value_dim)
+    return held_bytes(capacity, shapes.windows, width, shapes.dtype.itemsize)
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -72,13 +67,11 @@ def free_bytes(device: torch.device) -> int | None:
         return None
 
 
-def check_rows_fit(
-    plan: Sequence[tuple[int, int]], shapes: tuple, windows: Sequence[int | None], device: torch.device
-) -> None:
-    """Refuse rows in ``plan`` (capacity, rows per class of rows) that the memory free on ``device`` cannot
-    hold (:func:`row_bytes`)."""
+def check_rows_fit(plan: Sequence[tuple[int, int]], shapes: CachedShapes, device: torch.device) -> None:
+    """Refuse rows in ``plan`` (capacity, rows per class of rows) of a model caching ``shapes`` that the
+    memory free on ``device`` cannot hold (:func:`row_bytes`)."""
     rows = sum(count for _, count in plan)
-    total = sum(count * row_bytes(capacity, shapes, windows) for capacity, count in plan)
+    total = sum(count * row_bytes(capacity, shapes) for capacity, count in plan)
     free = free_bytes(device)
     if free is None or total <= free:
         return

@@ -24,8 +24,9 @@ from snapeval.continuous import Answer, ContinuousBatcher, Request
 from snapeval.grid import shares_prefill
 from snapeval.models import ModelSpec, attach_drafts, load_model
 from snapeval.records import answer_text, sample_row
-from snapeval.requests import RequestBuilder, sample_seed, sampling, stop_ids
+from snapeval.requests import RequestBuilder, sample_seed, sampling
 from snapeval.results import ResultsDB, config_hash
+from snapeval.stops import stop_ids
 from snapeval.tasks import Prompt, Task
 from snapeval.workers import ClaimingFeed, stored_in
 
@@ -66,7 +67,7 @@ class Evaluation:
         self.cfg, self.task, self.points, self.db, self.tokenizer = cfg, task, points, db, tokenizer
         self.model = install(load_model(spec))
         attach_drafts(self.model, tokenizer, [point.config["cache"] for point in points])
-        eos = stop_ids(tokenizer.eos_token_id, self.model.generation_config.eos_token_id)
+        eos = stop_ids(tokenizer, self.model.generation_config)
         self.builder = RequestBuilder.for_task(tokenizer, task, spec.max_context, eos)
         digest = full_cache_digest(points[0].config)
         self.reference = {row["sample_id"]: row["output"] for row in db.samples_for(digest)}

@@ -39,7 +39,8 @@ from snapeval.errors import SnapevalError
 from snapeval.generation import continuation_logprob
 from snapeval.models import attach_drafts, load_model, load_tokenizer, model_spec
 from snapeval.prompting import prompt_ids
-from snapeval.requests import RequestBuilder, sampling, stop_ids
+from snapeval.requests import RequestBuilder, sampling
+from snapeval.stops import cut_at_stop, stop_ids
 
 CONFIG_FIELDS = {
     "compression": "task.compression",
@@ -94,15 +95,7 @@ class SnapStreamLM(LM):
         self.tokenizer = load_tokenizer(spec)
         self.spec, self.compile = spec, compile
         self.max_length = int(max_length or spec.max_context)
-        agnostic = compression == "query_agnostic"
-        self.builder = RequestBuilder(
-            self.tokenizer,
-            self.max_length,
-            stop_ids(self.tokenizer.eos_token_id),
-            truncation="middle",
-            cut_ids=True,  # as LongBench's official pred.py, on the context's ids
-            query_start=query_start if agnostic else None,
-        )
+        self.query_start = query_start if compression == "query_agnostic" else None
 
     @functools.cached_property
     def model(self) -> PreTrainedModel:
@@ -111,6 +104,19 @@ class SnapStreamLM(LM):
         model = install(load_model(self.spec))
         attach_drafts(model, self.tokenizer, [self.cache_parameters])
         return model
+
+    @functools.cached_property
+    def builder(self) -> RequestBuilder:
+        """How a context becomes a request (:mod:`snapeval.requests`), stopping on the runner's stop ids
+        (:func:`~snapeval.stops.stop_ids`: they need the model's generation config)."""
+        return RequestBuilder(
+            self.tokenizer,
+            self.max_length,
+            stop_ids(self.tokenizer, self.model.generation_config),
+            truncation="middle",
+            cut_ids=True,  # as LongBench's official pred.py, on the context's ids
+            query_start=self.query_start,
+        )
 
     @functools.cached_property
     def batcher(self) -> ContinuousBatcher:
@@ -172,9 +178,7 @@ class SnapStreamLM(LM):
         def on_answer(answer: Answer) -> None:
             index, until = answer.request.tag
             text = self.tokenizer.decode(answer.tokens, skip_special_tokens=True)
-            for stop in until:
-                text = text.split(stop)[0]
-            outputs[index] = text
+            outputs[index] = cut_at_stop(text, until)
             progress.update()
 
         self.batcher.run([self._request(index, r.args) for index, r in enumerate(requests)], on_answer)

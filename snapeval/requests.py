@@ -39,14 +39,6 @@ def sample_seed(seed: int, sample_id: str) -> int:
     return seed * 1_000_003 + zlib.crc32(sample_id.encode())
 
 
-def stop_ids(*ids: int | list[int] | None) -> frozenset[int]:
-    """Token ids that end generation: EOS ids (one, a list, or none) flattened."""
-    flat: set[int] = set()
-    for value in ids:
-        flat.update(value if isinstance(value, list) else [value] if value is not None else [])
-    return frozenset(flat)
-
-
 def sampling(generation: Mapping[str, Any], seed: int) -> Sampling:
     """How a request draws: ``do_sample``, ``temperature`` and ``top_p`` of ``generation`` (the
     ``generation`` config, or lm-eval's ``gen_kwargs``; unset: greedy, 1.0, 1.0) with ``seed``."""

@@ -1,5 +1,6 @@
-"""Stop strings: generation ends once the decoded answer holds one (as vLLM's ``stop``), and the text
-from the first one on is not the answer."""
+"""What ends an answer, for the runner and the lm-eval model alike: its stop ids (:func:`stop_ids`), and
+stop strings: generation ends once the decoded answer holds one (as vLLM's ``stop``), and the text from
+the first one on is not the answer (:func:`cut_at_stop`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,20 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 StopCheck = Callable[[list[int]], bool]
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase, generation: GenerationConfig | None) -> frozenset[int]:
+    """The token ids that end every answer (the token is not kept): the tokenizer's EOS id and every EOS id
+    of the model's ``generation`` config (one id or a list, as ``model.generate`` stops on: an instruct
+    model's end of turn, such as Llama 3's ``<|eot_id|>``, is often listed there and not the tokenizer's
+    EOS). The runner and the lm-eval model both stop on this set."""
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(generation, "eos_token_id", None)):
+        ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return frozenset(ids)
 
 
 def stop_check(tokenizer: PreTrainedTokenizerBase, stops: Iterable[str]) -> StopCheck | None:

@@ -19,7 +19,7 @@ import torch
 
 from snapeval import batch_rows, evaluation, runner
 from snapeval.__main__ import check_before_hydra
-from snapeval.cache.slots import SlotCache
+from snapeval.cache.slots import CachedShapes, SlotCache
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.figures.command import main as figures_main
@@ -180,17 +180,17 @@ def test_an_unknown_press_is_named(tmp_path):
 
 def test_rows_are_capped_by_the_requests_and_by_free_memory(monkeypatch):
     assert batch_rows.usable_rows(100_000, 10) == 10 and batch_rows.usable_rows(8, 10) == 8
-    shapes, windows = (3, 3, 16, 8, torch.float32), [None, 8, 8]  # a full layer, two with a window of 8
-    slots = SlotCache(1, 40, *shapes, torch.device("cpu"), windows=windows)  # one row: what row_bytes counts
+    shapes = CachedShapes(3, 3, 16, 8, torch.float32, (None, 8, 8))  # a full layer, two with a window of 8
+    slots = SlotCache(1, 40, *shapes[:5], torch.device("cpu"), windows=list(shapes.windows))  # one row
     valid = [rings.valid for rings in slots.rings.values()]
-    tensors = [*slots.keys, *slots.values, *slots.positions, *valid]
-    assert batch_rows.row_bytes(40, shapes, windows) == sum(t.numel() * t.element_size() for t in tensors)
-    assert batch_rows.row_bytes(40, shapes, windows) < batch_rows.row_bytes(40, shapes, [None] * 3)
-    per_row = batch_rows.row_bytes(40, shapes, windows)
+    tensors = [*slots.keys, *slots.values, *slots.positions, *valid]  # what row_bytes counts
+    per_row = batch_rows.row_bytes(40, shapes)
+    assert per_row == sum(t.numel() * t.element_size() for t in tensors)
+    assert per_row < batch_rows.row_bytes(40, shapes._replace(windows=(None,) * 3))
     monkeypatch.setattr(batch_rows, "free_bytes", lambda device: 10 * per_row)
-    batch_rows.check_rows_fit([(40, 10)], shapes, windows, torch.device("cpu"))  # fits
+    batch_rows.check_rows_fit([(40, 10)], shapes, torch.device("cpu"))  # fits
     with pytest.raises(SnapevalError) as info:
-        batch_rows.check_rows_fit([(40, 100_000)], shapes, windows, torch.device("cpu"))
+        batch_rows.check_rows_fit([(40, 100_000)], shapes, torch.device("cpu"))
     assert str(info.value).startswith("run.batch_size: 100000 rows of 40 slots take ")
     assert str(info.value).endswith("GiB free: use at most 10")
 

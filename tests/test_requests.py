@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import GenerationConfig, PreTrainedTokenizerFast
 
 from snapeval import evaluation, runner
 from snapeval.configs.compose import compose_config
@@ -16,8 +16,9 @@ from snapeval.continuous import ContinuousBatcher
 from snapeval.errors import SnapevalError
 from snapeval.lm_eval_model import SnapStreamLM
 from snapeval.prompting import truncate_middle
-from snapeval.requests import RequestBuilder, sample_seed, sampling, stop_ids
+from snapeval.requests import RequestBuilder, sample_seed, sampling
 from snapeval.sampling import Sampling
+from snapeval.stops import stop_ids
 from snapeval.tasks.base import RAW_ROLE
 from tests.families import FAMILIES
 
@@ -57,13 +58,18 @@ def tokenizer() -> PreTrainedTokenizerFast:
 
 @pytest.fixture(scope="module")
 def tiny_folder(tokenizer, tmp_path_factory):
-    """A 2-layer random Llama with the tiny tokenizer, saved: a model both the runner and lm-eval load."""
+    """A 2-layer random Llama with the tiny tokenizer, saved: a model both the runner and lm-eval load.
+    Its generation config ends an answer at a second token besides the tokenizer's EOS (an end of turn)."""
     folder = tmp_path_factory.mktemp("tiny_requests")
     model = FAMILIES["llama"](len(tokenizer))
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, end_of_turn(tokenizer)]
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def end_of_turn(tokenizer) -> int:
+    return tokenizer.convert_tokens_to_ids("<|im_start|>")
 
 
 def chat(content: str) -> list[dict[str, str]]:
@@ -73,12 +79,12 @@ def chat(content: str) -> list[dict[str, str]]:
 def runner_builder(tokenizer, window=4096, truncation="error", query_start=None, max_prompt_tokens=None):
     task = type("Task", (), {"truncation": truncation, "query_start": query_start})()
     task.max_prompt_tokens = max_prompt_tokens
-    return RequestBuilder.for_task(tokenizer, task, window, stop_ids(tokenizer.eos_token_id))
+    return RequestBuilder.for_task(tokenizer, task, window, stop_ids(tokenizer, None))
 
 
 def lm_eval_builder(tokenizer, window=4096, query_start=None):
     """What :class:`SnapStreamLM` builds (its test below checks it is this one)."""
-    eos = stop_ids(tokenizer.eos_token_id)
+    eos = stop_ids(tokenizer, None)
     return RequestBuilder(tokenizer, window, eos, truncation="middle", cut_ids=True, query_start=query_start)
 
 
@@ -116,7 +122,7 @@ def test_a_runner_request_equals_the_lm_eval_request_for_the_same_prompt(
         theirs = lm._request(0, (lm.apply_chat_template(prompt.messages), gen_kwargs))
         assert 480 <= len(ours.prompt_ids) <= 512
         assert ours.sampling == theirs.sampling == Sampling(seed=seed)
-        assert ours.stop_ids == theirs.stop_ids == {tokenizer.eos_token_id}
+        assert ours.stop_ids == theirs.stop_ids == {tokenizer.eos_token_id, end_of_turn(tokenizer)}
         assert ours.cache["method"] == theirs.cache["method"] == "full"
         assert replace(ours, tag=None, cache=FULL) == replace(theirs, tag=None)
 
@@ -210,9 +216,11 @@ def test_seeds_depend_on_the_run_seed_and_the_sample_alone():
     assert sampling({"temperature": None, "top_p": 0}, 2**64 + 3) == Sampling(False, 1.0, 1.0, 3)
 
 
-def test_stop_ids_flatten_every_eos():
-    assert stop_ids(2, [2, 5], None, []) == frozenset({2, 5})
-    assert stop_ids(None) == frozenset()
+def test_stop_ids_are_the_tokenizers_eos_and_every_eos_of_the_generation_config(tokenizer):
+    eos = tokenizer.eos_token_id
+    assert stop_ids(tokenizer, GenerationConfig(eos_token_id=[eos, 5])) == frozenset({eos, 5})
+    assert stop_ids(tokenizer, GenerationConfig(eos_token_id=7)) == {eos, 7}
+    assert stop_ids(tokenizer, GenerationConfig()) == stop_ids(tokenizer, None) == {eos}
 
 
 def test_draws_of_one_prompt_share_its_encoding_and_stop_check(tokenizer):

@@ -26,6 +26,8 @@ columns (:func:`~snapeval.cache.ring.visible_slots`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from transformers import DynamicCache
 
@@ -90,19 +92,16 @@ class SlotCache:
 
     @classmethod
     def for_model(
-        cls, model: torch.nn.Module, rows: int, capacity: int, shapes: tuple | None = None
+        cls, model: torch.nn.Module, rows: int, capacity: int, shapes: CachedShapes | None = None
     ) -> SlotCache:
         """A slot cache shaped for ``model`` (a transformers causal LM with the snapeval attention): its
-        rows have the shapes of the tensors the model itself caches (``shapes``, read by
-        :func:`cached_shapes` if not given), and each layer the sliding window its attention passes
-        (:func:`~snapeval.cache.ring.layer_window`)."""
+        rows have the shapes of the tensors the model itself caches and each layer the sliding window its
+        attention passes (``shapes``, read by :func:`cached_shapes` if not given)."""
         # a layer's attention module comes after its decoder layer, so it is the one kept per index
         attentions = {m.layer_idx: m for m in model.modules() if hasattr(m, "layer_idx")}
         rotations = [getattr(attentions.get(index), ROPE_ROTATION, None) for index in range(len(attentions))]
-        windows = model_windows(model)
-        layers, kv_heads, key_dim, value_dim, dtype = shapes or cached_shapes(model)
-        shape = (layers, kv_heads, key_dim, value_dim, dtype, model.device)
-        return cls(rows, capacity, *shape, rotations, windows, attentions)
+        *shape, windows = shapes or cached_shapes(model)
+        return cls(rows, capacity, *shape, model.device, rotations, list(windows), attentions)
 
     @property
     def valid(self) -> torch.Tensor:
@@ -146,16 +145,8 @@ class SlotCache:
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer of the cache (their storage never changes while it lives)."""
         cursors = [tensor for rings in self.rings.values() for tensor in rings.tensors()]
-        return [
-            *self.keys,
-            *self.values,
-            *self.positions,
-            *cursors,
-            self.seen,
-            self.rerotate,
-            self.attended,
-            *self.recorder.tensors(),
-        ]
+        buffers = [*self.keys, *self.values, *self.positions, *cursors, self.seen, self.rerotate]
+        return [*buffers, self.attended, *self.recorder.tensors()]
 
     # --- filling a row ---------------------------------------------------------------------------
     def load_row(self, row: int, cache: SnapevalCache, new_tokens: int) -> int:
@@ -317,31 +308,41 @@ class SlotCache:
         return held / (positions.shape[0] * positions.shape[1] * (end - start))
 
     def row_bytes(self, held: int) -> int:
-        """Bytes of keys and values a row holding ``held`` slots (on a full layer) takes: a windowed layer
-        ``min(window, held)`` of them."""
+        """Bytes of keys and values a row holding ``held`` slots (on a full layer; a windowed layer
+        ``min(window, held)``) takes in the buffers allocated."""
+        counts = [window_capacity(window, held) for window in self.windows]
         return sum(
-            window_capacity(window, held)
-            * (keys[0, :, 0].numel() * keys.element_size() + values[0, :, 0].numel() * values.element_size())
-            for window, keys, values in zip(self.windows, self.keys, self.values, strict=True)
+            keys[0, :, :count].nbytes + values[0, :, :count].nbytes
+            for count, keys, values in zip(counts, self.keys, self.values, strict=True)
         )
 
     def slot_bytes(self) -> int:
         """Bytes of keys and values one slot takes in every layer and KV head."""
-        return sum(
-            keys[0, :, 0].numel() * keys.element_size() + values[0, :, 0].numel() * values.element_size()
-            for keys, values in zip(self.keys, self.values, strict=True)
-        )
+        return self.row_bytes(1)
+
+
+class CachedShapes(NamedTuple):
+    """What a model caches per token (:func:`cached_shapes`): in each of ``layers`` layers ``kv_heads`` heads
+    of keys and values of ``dtype``; each layer's sliding window in ``windows`` (None: a full layer)."""
+
+    layers: int
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+    dtype: torch.dtype
+    windows: tuple[int | None, ...]
 
 
 @torch.no_grad()
-def cached_shapes(model: torch.nn.Module) -> tuple[int, int, int, int, torch.dtype]:
-    """(layers, kv_heads, key width, value width, dtype) of what ``model`` caches per token, read off the
-    tensors it hands a cache in a one-token forward: (layers, num_key_value_heads, head_dim, head_dim) for
-    most models; for MLA one head, ``kv_lora_rank`` wide keys and ``qk_rope_head_dim`` wide values."""
+def cached_shapes(model: torch.nn.Module) -> CachedShapes:
+    """What ``model`` caches per token, read off the tensors it hands a cache in a one-token forward: most
+    models (layers, num_key_value_heads, head_dim, head_dim), MLA one head of ``kv_lora_rank`` wide keys and
+    ``qk_rope_head_dim`` wide values; and each layer's window (:func:`~snapeval.cache.ring.model_windows`)."""
     probe = DynamicCache()
     ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
     model(input_ids=ids, **{cache_keyword(model): probe})
     keys, values = probe.layers[0].keys, probe.layers[0].values
     if any(layer.keys.shape != keys.shape or layer.values.shape != values.shape for layer in probe.layers):
         raise SnapevalError("a slot cache needs a model whose layers all cache alike", "model")
-    return len(probe.layers), keys.shape[1], keys.shape[3], values.shape[3], keys.dtype
+    windows = tuple(model_windows(model))
+    return CachedShapes(len(probe.layers), keys.shape[1], keys.shape[3], values.shape[3], keys.dtype, windows)

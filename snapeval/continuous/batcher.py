@@ -19,7 +19,6 @@ from transformers import PreTrainedModel
 from snapeval.batch_rows import check_rows_fit
 from snapeval.cache import build_cache
 from snapeval.cache.attention import cache_keyword
-from snapeval.cache.ring import model_windows
 from snapeval.cache.slots import cached_shapes
 from snapeval.continuous.classes import RowClasses, plan_classes
 from snapeval.continuous.compiled import compile_step, compiles, pin_for_cuda_graphs
@@ -106,7 +105,7 @@ class ContinuousBatcher:
         if self.slots is None or self.slots.capacity < max(needs):
             plan = plan_classes(needs, self.rows)
             shapes = cached_shapes(self.model)  # one probing forward for the check and the rows
-            check_rows_fit(plan, shapes, model_windows(self.model), self.model.device)
+            check_rows_fit(plan, shapes, self.model.device)
             self.slots = RowClasses.for_model(self.model, plan, shapes)
             pin_for_cuda_graphs(self.slots.tensors())
 

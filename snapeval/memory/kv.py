@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from snapeval.errors import SnapevalError
 from snapeval.memory.geometry import ModelGeometry
 from snapeval.memory.units import dtype_bytes
@@ -33,22 +35,39 @@ def kv_bytes_per_token(
 ) -> int:
     """KV bytes one token adds over all layers, on one of ``tp`` ranks (the whole model for tp=1)."""
     width = kv_width(geometry, tp, mla_latent_sharded)
-    return geometry.num_layers * width * dtype_bytes(kv_dtype, "kv_dtype")
+    return held_bytes(1, [None] * geometry.num_layers, width, dtype_bytes(kv_dtype, "kv_dtype"))
 
 
-def layer_tokens(geometry: ModelGeometry, tokens: int) -> int:
-    """Tokens cached summed over layers; sliding-window layers keep at most their window."""
-    full_layers = geometry.num_layers - geometry.num_sliding_layers
-    window = geometry.sliding_window or tokens
-    return full_layers * tokens + geometry.num_sliding_layers * min(tokens, window)
+def layer_windows(geometry: ModelGeometry) -> list[int | None]:
+    """Each layer's sliding window, None on a full layer (full layers first: only the count matters)."""
+    sliding = geometry.num_sliding_layers
+    return [None] * (geometry.num_layers - sliding) + [geometry.sliding_window] * sliding
+
+
+def layer_tokens(windows: Iterable[int | None], tokens: int) -> int:
+    """Tokens held summed over layers of sliding ``windows`` (None: a full layer) by a sequence of
+    ``tokens``: a full layer holds them all, a windowed layer ``min(window, tokens)``."""
+    return sum(tokens if window is None else min(window, tokens) for window in windows)
+
+
+def held_bytes(tokens: int, windows: Iterable[int | None], width: int, element_bytes: int) -> int:
+    """Bytes a sequence of ``tokens`` tokens (a decode row of ``tokens`` slots) holds in layers of sliding
+    ``windows`` (:func:`layer_tokens`), ``width`` elements of ``element_bytes`` bytes per token and layer.
+
+    The one home of a row's bytes: the estimator's KV bytes per sequence (:func:`kv_bytes_per_sequence`),
+    and the batcher's memory check of its rows' keys and values, positions and valid flags
+    (:func:`snapeval.batch_rows.row_bytes`), which the slot cache allocates
+    (:class:`snapeval.cache.slots.SlotCache`: ``min(window, capacity)`` slots on a windowed layer).
+    """
+    return layer_tokens(windows, tokens) * width * element_bytes
 
 
 def kv_bytes_per_sequence(
     geometry: ModelGeometry, tokens: int, kv_dtype: str, *, tp: int = 1, mla_latent_sharded: bool = False
 ) -> int:
-    """KV bytes of one sequence caching ``tokens`` tokens, on one of ``tp`` ranks."""
+    """KV bytes of one sequence caching ``tokens`` tokens, on one of ``tp`` ranks (:func:`held_bytes`)."""
     width = kv_width(geometry, tp, mla_latent_sharded)
-    return layer_tokens(geometry, tokens) * width * dtype_bytes(kv_dtype, "kv_dtype")
+    return held_bytes(tokens, layer_windows(geometry), width, dtype_bytes(kv_dtype, "kv_dtype"))
 
 
 def cached_tokens(method: str, context: int, budget: int | None) -> int:
