@@ -90,6 +90,7 @@ COUPLINGS = (
     Coupling("lm_eval", "lm_eval.api.registry", "register_model", "registers the lm-eval model"),
     Coupling("lm_eval", "lm_eval.api.registry", "model_registry", "lazy registration by the .pth plugin"),
     Coupling("lm_eval", "lm_eval.models", "__name__", "the module whose import the .pth plugin watches"),
+    Coupling("lm_eval", "lm_eval.tasks.aime.utils", "process_results", "the lm_eval AIME scorer"),
     Coupling("kvpress", "kvpress", "DecodingPress", "kvpress's decoding presses (cache.decoding=true)"),
     Coupling("kvpress", "kvpress", "ScorerPress", "the presses a decoding press takes"),
     Coupling("kvpress", "kvpress.utils", "compute_n_kept", "slots a decoding press keeps"),

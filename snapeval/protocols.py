@@ -7,13 +7,16 @@ its rows. A setting of the preset changed after it on the command line is one mo
 named by :func:`changed_settings` and stored beside them (``protocol.changed``). A grader's own
 deviations (Qwen2.5-Math's parsers, LiveCodeBench's JSON comparison) hold under any preset or none: its
 task names them (``Task.deviations``) and every row it scores stores them (``extra.deviations``).
+
+A preset's settings are named by dotted key; :func:`flatten` and :func:`lookup` are the dotted keys of any
+config (the stored config's columns, :mod:`snapeval.results`, use them too).
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -29,7 +32,7 @@ def preset_settings(name: str) -> dict[str, Any]:
     sections = {key: value for key, value in content.items() if key not in ("defaults", "protocol")}
     return {
         path: value
-        for path, value in _leaves(sections)
+        for path, value in flatten(sections).items()
         if not (isinstance(value, str) and value.startswith("${"))
     }
 
@@ -68,7 +71,7 @@ def changed_settings(config: Mapping[str, Any]) -> list[str]:
         return []
     changed = []
     for path, official in preset_settings(protocol["name"]).items():
-        value = _lookup(config, path)
+        _, value = lookup(config, path)
         if value != official:
             changed.append(f"{path}={value!r} (preset: {official!r})")
     return changed
@@ -89,16 +92,22 @@ def announce(config: Mapping[str, Any]) -> None:
         print(f"protocol {protocol['name']}: deviations from the official run: {listed}", file=sys.stderr)
 
 
-def _leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for key, value in tree.items():
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as dotted keys: ``{"cache": {"budget": 8}}`` -> ``{"cache.budget": 8}``."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
         if isinstance(value, Mapping) and value:
-            yield from _leaves(value, f"{prefix}{key}.")
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
-            yield f"{prefix}{key}", value
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
-def _lookup(config: Mapping[str, Any], path: str) -> Any:
+def lookup(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:
+    """``(True, value)`` of the dotted ``path`` in ``config``, or ``(False, None)`` where it has none."""
     value: Any = config
     for part in path.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else None
-    return value
+        if not isinstance(value, Mapping) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from snapeval.errors import SnapevalError
@@ -27,7 +27,8 @@ from snapeval.workers import shard, terminate_as_interrupt
 
 @dataclass(frozen=True)
 class RunSummary:
-    """One cache setting's run: its samples' accuracy, memory and speed, and how many were new."""
+    """One cache setting's run: its samples' accuracy, memory and speed (named as the keys of
+    :func:`~snapeval.results.summary_of`), and how many were new."""
 
     run_id: int
     config_hash: str
@@ -128,17 +129,12 @@ def _summarize(point: Point, rows: list[dict[str, Any]]) -> RunSummary:
     if not rows and not point.todo:
         raise SnapevalError("no samples were evaluated", "run.limit")
     summary = summary_of(rows)
+    numbers = {item.name: summary[item.name] for item in fields(RunSummary) if item.name in summary}
     return RunSummary(
         run_id=point.run_id,
         config_hash=point.digest,
         config=point.config,
-        n=summary["n"],
-        accuracy=summary["accuracy"],
-        ci_low=summary["ci_low"],
-        ci_high=summary["ci_high"],
-        kv_mib=summary["kv_mib"],
-        prefill_s=summary["prefill_s"],
-        decode_tok_s=summary["decode_tok_s"],
+        **numbers,
         computed=point.stored,
         elsewhere=len(point.todo - point.claimed),
         pass_at={key: value for key, value in summary.items() if key.startswith("pass@")},

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from tabulate import tabulate
 
+from snapeval.results.summary import SUMMARY_KEYS, TRACE_KEYS
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -41,26 +43,9 @@ NUMBERS: dict[str, tuple[str, str]] = {
 #: The numbers of each table, in the one order every table keeps.
 RUN_COLUMNS = ("accuracy", CI, PASS_AT, "n", "computed", "kv_mib", "prefill_s", "decode_tok_s")
 SWEEP_COLUMNS = ("accuracy", CI, "n", "kv_mib", "s_per_sample", "trace_tokens", "truncated")
-SUMMARY_COLUMNS = (
-    "accuracy",
-    CI,
-    PASS_AT,
-    "n",
-    "kv_mib",
-    "prefill_s",
-    "decode_tok_s",
-    "trace_tokens",
-    "truncated",
-    "evictions",
-    "kept_generated",
-)
+SUMMARY_COLUMNS = ("accuracy", CI, PASS_AT, "n", "kv_mib", "prefill_s", "decode_tok_s", *TRACE_KEYS)
 #: The trace columns as they are shown: the summary drops each that no experiment has.
-TRACE_COLUMNS = tuple(NUMBERS[key][0] for key in ("trace_tokens", "truncated", "evictions", "kept_generated"))
-#: The keys of :func:`snapeval.results.summary_of` that are numbers, not settings.
-SUMMARY_KEYS = frozenset(
-    {"accuracy", "ci_low", "ci_high", "n", "kv_mib", "prefill_s", "decode_tok_s"}
-    | {"trace_tokens", "truncated", "evictions", "kept_generated"}
-)
+TRACE_COLUMNS = tuple(NUMBERS[key][0] for key in TRACE_KEYS)
 
 
 def missing(value: Any) -> bool:

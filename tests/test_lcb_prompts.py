@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 from transformers import PreTrainedTokenizerFast
 
 from snapeval.configs.compose import compose_config
@@ -58,7 +57,7 @@ def test_the_style_is_the_models(model: str, style: str) -> None:
 
 def test_every_model_config_names_a_shipped_style() -> None:
     for path in sorted((CONF_DIR / "model").glob("*.yaml")):
-        assert yaml.safe_load(path.read_text())["prompt_style"] in STYLES, path.name
+        assert compose_config(f"model={path.stem}")["model"]["prompt_style"] in STYLES, path.name
 
 
 def test_the_style_is_overridable_and_checked() -> None:

@@ -30,6 +30,7 @@ from snapeval.errors import SnapevalError
 from snapeval.figures import method_color, method_style
 from snapeval.grid import grid_points
 from snapeval.memory import estimate
+from snapeval.paths import CONF_DIR
 from snapeval.results import load
 
 TOY_MODULE = '''
@@ -151,9 +152,8 @@ def test_a_method_added_as_one_declaration_and_one_engine_is_seen_everywhere(mon
     assert method_label("keep_first") == "Keep first"
     styles = [tuple(method_style(name).items()) for name in METHODS if name != "full"]
     assert len(set(styles)) == len(styles)  # its own colour, marker and dashes
-    row = (
-        "| `keep_first` | Keep first | Keeps the first `budget` prompt tokens; decode appends. | `budget` 8 |"
-    )
+    summary = "Keeps the first `budget` prompt tokens; decode appends."
+    row = f"| `keep_first` | Keep first | {summary} | - | `budget` 8 | - |"
     assert row in method_table().splitlines()
     assert effective_params({"method": "keep_first", "budget": 3}) == {
         "method": "keep_first",
@@ -247,3 +247,11 @@ def test_an_outside_method_runs_end_to_end_without_touching_another_file(toy_mod
     for extra in samples["extra"]:
         counts = extra["kept_histogram"]["counts"]
         assert counts[0] > 0.5 and sum(counts[1:]) == 0  # only the first 16 of ~250 prompt tokens held
+
+
+def test_the_docs_method_table_is_the_declarations():
+    """docs/methods.md holds the table :func:`method_table` derives from the declarations."""
+    page = (CONF_DIR.parent / "docs" / "methods.md").read_text()
+    assert method_table() in page, (
+        "regenerate it: python -c 'from snapeval.configs.methods import method_table; print(method_table())'"
+    )

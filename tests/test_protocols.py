@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from snapeval.sandbox import SandboxLimits
+from snapeval.sandbox import ExecutionResult, SandboxLimits, run_program
 from snapeval.stats import pass_at
 from snapeval.stops import cut_at_stop, stop_check
 from snapeval.tasks import livecodebench as lcb
@@ -203,11 +204,25 @@ def test_lcb_times_each_call_not_the_interpreter_or_the_compilation() -> None:
 
 
 def test_lcb_the_program_budget_is_lcb_runners() -> None:
-    """Each test under its limit, but the program over (timeout + 1) * tests + 5 s: killed, a failure."""
-    each = SLOW + "time.sleep(0.9)\nprint(int(input()) + 1)"
-    assert lcb.run_tests(each, ADD_ONE, SandboxLimits(timeout_s=1)).passed
-    report = lcb.run_tests(each, ADD_ONE, SandboxLimits(timeout_s=1, total_timeout_s=1.5))
+    """The program runs under (timeout + 1) * tests + 5 s unless told otherwise; stopped at its budget,
+    it fails at the first test it did not finish. The stop stands in for the sandbox's clock."""
+    budgets: list[float] = []
+
+    def sandbox(program: str, stdin: str, limits: SandboxLimits) -> ExecutionResult:
+        budgets.append(limits.timeout_s)
+        return run_program(program, stdin, limits)
+
+    def stopped_in_the_second_test(program: str, stdin: str, limits: SandboxLimits) -> ExecutionResult:
+        finished = sandbox(program, stdin, limits)
+        return replace(finished, status="timeout", stdout=finished.stdout.split("\n")[0] + "\n")
+
+    each = "print(int(input()) + 1)"
+    assert lcb.run_tests(each, ADD_ONE, SandboxLimits(timeout_s=1), run=sandbox).passed
+    limits = SandboxLimits(timeout_s=1, total_timeout_s=4)
+    report = lcb.run_tests(each, ADD_ONE, limits, run=stopped_in_the_second_test)
+    assert budgets == [(1 + 1) * 3 + 5, 4]
     assert (report.verdict, report.num_passed) == ("timeout", 1), report
+    assert report.detail == "time budget of 4 s exhausted"
 
 
 def test_lcb_grades_in_the_configured_interpreter_with_its_packages() -> None:

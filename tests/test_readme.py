@@ -1,11 +1,14 @@
-"""The README says what the code does: every ``python -m snapeval ...`` command in it composes into the
-config it claims, and its numbered trace of ``+exp=aime_budget_sweep`` is what that sweep executes (measured
-by :mod:`tests.trace`), less the helpers named here with their reasons."""
+"""The README and the reference pages under ``docs/`` say what the code does: every ``python -m snapeval ...``
+command in them composes into the config it claims, the README's engine example runs, the numbered trace of
+``+exp=aime_budget_sweep`` in ``docs/layout.md`` is exactly every file that sweep executes (measured by
+:mod:`tests.trace`), and the pages stay short enough to read: README.md at most 250 lines, each docs page
+at most 200, no line over 120 characters outside tables."""
 
 from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,16 +18,46 @@ from tests.families import FAMILIES
 
 from .conftest import TINY_VOCAB, composed_sweep
 
-README = CONF_DIR.parent / "README.md"
+ROOT = CONF_DIR.parent
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
 COMMAND = re.compile(r"^(?:\w+=\S+ )*python -m snapeval (.+?)(?:\s+#.*)?$", re.MULTILINE)
+CONTINUED = re.compile(r"\\\n\s*")  # a shell line continued on the next one
 
 
-def readme_commands() -> list[str]:
-    return COMMAND.findall(README.read_text())
+def page_name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
 
 
-def test_the_readme_shows_evaluation_commands():
-    assert len(readme_commands()) >= 10
+def documented_commands() -> list[tuple[str, str]]:
+    """(page, arguments) of every ``python -m snapeval ...`` line of the README and the docs pages, a
+    command continued over lines (``\\``) read as one line."""
+    return [
+        (page_name(page), arguments)
+        for page in PAGES
+        for arguments in COMMAND.findall(CONTINUED.sub(" ", page.read_text()))
+    ]
+
+
+def section(heading: str) -> str:
+    """The text under ``heading`` (a line of its own, ``## ...``), up to the next heading of its level or
+    above, in whichever page holds it: the README or a docs page."""
+    level = heading.split(" ", 1)[0]
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        match = re.search(rf"^{re.escape(heading)}\n", text, re.MULTILINE)
+        if match:
+            rest = text[match.end() :]
+            end = re.search(rf"^#{{1,{len(level)}}} ", rest, re.MULTILINE)
+            found.append(rest[: end.start()] if end else rest)
+    assert len(found) == 1, f"{heading!r} is in {len(found)} pages"
+    return found[0]
+
+
+def test_the_pages_show_evaluation_commands():
+    assert len(documented_commands()) >= 10
 
 
 GROUP_NAMES = {"task": "name", "model": "name", "cache": "method", "protocol": "name", "hardware": "name"}
@@ -44,8 +77,11 @@ def configured(config: dict, override: str) -> bool:
     return any(str(config) == choice or config == yaml.safe_load(choice) for choice in value.split(","))
 
 
-@pytest.mark.parametrize("arguments", readme_commands())
-def test_readme_command_composes_to_what_it_says(arguments):
+@pytest.mark.parametrize(
+    "arguments",
+    [pytest.param(arguments, id=f"{page}: {arguments}") for page, arguments in documented_commands()],
+)
+def test_documented_command_composes_to_what_it_says(arguments):
     overrides = [o for o in shlex.split(arguments) if o != "-m"]  # -m: multirun; the points compose alike
     experiment = next((o.split("=", 1)[1] for o in overrides if o.startswith("+exp=")), None)
     rest = [o for o in overrides if not o.startswith("+exp=")]
@@ -60,126 +96,103 @@ def test_readme_command_composes_to_what_it_says(arguments):
         assert any(configured(point, override) for point in points), override
 
 
-TRACE_ITEM = re.compile(r"^\d+\. `([^`]+)`:", re.MULTILINE)
-HELPER = re.compile(r"`([\w./-]+)`")
-MAX_TRACE = 15
+# --- the pages themselves ------------------------------------------------------------------------------
 
-#: What ``+exp=aime_budget_sweep`` executes that the README's numbered trace leaves out, by group:
-#: helpers the path calls into, not steps a reader follows, each with the reason (a name ending in ``/``:
-#: every file below it). The README names each of them, by group, in the paragraph after the list.
-HELPER_GROUPS: dict[str, dict[str, str]] = {
-    "start-up and configuration": {
-        "snapeval/lm_eval_plugin.py": "the start-up hook each interpreter runs (.pth): it waits for lm-eval",
-        "snapeval/paths.py": "where conf/ and tasks/ are",
-        "snapeval/errors.py": "the one error type",
-        "snapeval/cli.py": "one-line errors and the --db option of every command",
-        "conf/model/smollm2-135m.yaml": "the default model's settings (the sweep names no model)",
-        "conf/memory/default.yaml": "the memory estimator's settings, composed into every config",
-        "snapeval/configs/compose.py": "Hydra composition behind the check",
-        "snapeval/configs/legacy.py": "old key spellings rewritten before composing",
-        "snapeval/configs/store.py": "registers the declarations in Hydra's ConfigStore",
-        "snapeval/configs/root.py": "the declaration of the top-level groups",
-        "snapeval/configs/task.py": "the declaration of a task's fields",
-        "snapeval/configs/cache.py": "each method's parameters, defaults and checks",
-        "snapeval/configs/methods.py": "the methods by name, and what is stored of their parameters",
-        "snapeval/configs/values.py": "the parameters' single-value checks",
-        "snapeval/configs/fields.py": "the setting() helper and its value checks",
-    },
-    "checks before the model loads": {
-        "snapeval/preflight.py": "checks of inputs, drafts and shards before torch loads",
-        "snapeval/protocols.py": "announces a named protocol (none in this sweep)",
-        "snapeval/batch_rows.py": "rows capped by requests and free memory",
-    },
-    "model, task, prompt": {
-        "snapeval/models.py": "loads the model and tokenizer, the chat template",
-        "snapeval/tasks/__init__.py": "the registry: a task name to its module",
-        "snapeval/tasks/base.py": "what every task declares, where rows come from; aime24's base class",
-        "snapeval/tasks/qwen_math_grader.py": "the scorer aime24 calls",
-        "snapeval/prompting.py": "text cut to the window, encoding, the query split: the request builder's",
-    },
-    "decoding": {
-        "snapeval/cache/": "the engine behind the batcher: attention, each method's selection, slots, rings",
-        "snapeval/continuous/compiled.py": "the compiled decode step (eager on CPU)",
-        "snapeval/continuous/prefills.py": "one prefill copied into its rows",
-        "snapeval/continuous/rows.py": "per-row sampling state and answers",
-        "snapeval/continuous/work.py": "the requests waiting for a row",
-        "snapeval/generation.py": "one forward step's logits and token",
-        "snapeval/sampling.py": "the counter-based sampler",
-        "snapeval/stops.py": "when an answer ends",
-        "snapeval/workers.py": "claims on samples shared with other workers",
-    },
-    "storing and reporting": {
-        "snapeval/results/__init__.py": "the database's front (pandas and scipy loaded on first use)",
-        "snapeval/results/connect.py": "opens the database",
-        "snapeval/results/schema.py": "the tables, and whether a database is snapeval's",
-        "snapeval/results/leases.py": "the heartbeat that keeps claims alive",
-        "snapeval/results/summary.py": "the table's numbers, read back from the database",
-        "snapeval/stats.py": "intervals (Wilson) and pass@k",
-        "snapeval/tables.py": "the one table formatter",
-        "snapeval/sweep.py": "Hydra's callback for a sweep's table (a multirun's)",
-    },
-    "figures": {
-        "snapeval/figures/panels.py": "one panel per experiment, legends",
-        "snapeval/figures/style.py": "colours, markers, labels",
-        "snapeval/figures/sweeps.py": "a method's series over budgets, the x-dodge",
-        "snapeval/figures/heatmap.py": "another figure from the same rows (window x kernel)",
-        "snapeval/figures/kept.py": "another figure from the same rows (kept positions)",
-        "snapeval/figures/memory.py": "another figure from the same rows (accuracy vs memory)",
-        "snapeval/figures/traces.py": "another figure from the same rows (traces vs budget)",
-        "snapeval/figures/evictions.py": "another figure from the same rows (re-selections while decoding)",
-    },
-}
-LEAF_HELPERS: dict[str, str] = {name: why for group in HELPER_GROUPS.values() for name, why in group.items()}
+MAX_LINES = {"README.md": 250}
+MAX_DOCS_LINES = 200
+MAX_WIDTH = 120
 
 
-def readme_trace() -> list[str]:
-    """The files of the README's numbered trace, in order."""
-    return TRACE_ITEM.findall(README.read_text().split("## Layout", 1)[1])
+def test_the_pages_are_short_and_no_line_outside_a_table_is_wide():
+    long_pages = {
+        page_name(page): lines
+        for page in PAGES
+        if (lines := len(page.read_text().splitlines())) > MAX_LINES.get(page_name(page), MAX_DOCS_LINES)
+    }
+    assert not long_pages, long_pages
+    wide = [
+        f"{page_name(page)}:{number} ({len(line)} characters)"
+        for page in PAGES
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        if len(line) > MAX_WIDTH and not line.lstrip().startswith("|")
+    ]
+    assert not wide, wide
 
 
-def readme_helpers() -> set[str]:
-    """The names in backticks of the paragraph after the numbered trace (the helpers it leaves out)."""
-    after = README.read_text().split("## Layout", 1)[1].split("\n\n")
-    numbered = next(i for i, paragraph in enumerate(after) if TRACE_ITEM.search(paragraph))
-    return set(HELPER.findall(after[numbered + 1]))
+LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def helper_of(name: str, helpers: dict[str, str]) -> str | None:
-    """The entry of ``helpers`` that covers file ``name`` (itself, or a folder above it), if any."""
-    return next((h for h in helpers if name == h or (h.endswith("/") and name.startswith(h))), None)
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the headings of ``page``: lower case, punctuation dropped, spaces to ``-``."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
 
 
-def trace_difference(listed: list[str], executed: list[str], helpers: dict[str, str]) -> dict[str, list[str]]:
-    """How a listed trace differs from the executed files less ``helpers``: files that ran but are
-    neither listed nor helpers, listed files that did not run or are helpers, files listed twice, and
-    helpers that cover nothing that ran."""
-    path = [name for name in executed if helper_of(name, helpers) is None]
+def test_the_readme_links_every_docs_page_and_every_relative_link_resolves():
+    assert DOCS, "no docs/*.md"
+    targets = {(README.parent / link.split("#")[0]).resolve() for link in LINK.findall(README.read_text())}
+    assert not [page_name(page) for page in DOCS if page.resolve() not in targets]
+    broken = []
+    for page in PAGES:
+        for link in LINK.findall(page.read_text()):
+            if "://" in link:
+                continue
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path) if path else page
+            if not target.exists() or (anchor and target.suffix == ".md" and anchor not in anchors(target)):
+                broken.append(f"{page_name(page)}: {link}")
+    assert not broken, broken
+
+
+# --- the trace of a sweep ------------------------------------------------------------------------------
+
+TRACE = "## The trace of a sweep"
+TRACE_ITEM = re.compile(r"^(\d+)\. `([^`]+)`:", re.MULTILINE)
+TRACE_COUNT = re.compile(r"\brun (\d+) files\b")
+
+
+def documented_trace() -> list[str]:
+    """The files of the numbered trace under :data:`TRACE`, in order; its numbers must run 1, 2, ..."""
+    items = TRACE_ITEM.findall(section(TRACE))
+    assert [int(number) for number, _ in items] == list(range(1, len(items) + 1)), "numbered 1, 2, ..."
+    return [name for _, name in items]
+
+
+def stated_trace_count() -> int:
+    """The number of files the trace's text says the sweep runs."""
+    counts = TRACE_COUNT.findall(section(TRACE))
+    assert len(counts) == 1, counts
+    return int(counts[0])
+
+
+def trace_difference(listed: list[str], executed: list[str]) -> dict[str, list[str]]:
+    """How a listed trace differs from the executed files: files that ran but are not listed, listed
+    files that did not run, and files listed twice."""
     return {
-        "ran, not listed": sorted(set(path) - set(listed)),
+        "ran, not listed": sorted(set(executed) - set(listed)),
         "listed, did not run": sorted(set(listed) - set(executed)),
-        "listed and a helper": sorted(name for name in listed if helper_of(name, helpers)),
         "listed twice": sorted({name for name in listed if listed.count(name) > 1}),
-        "helper that did not run": sorted(
-            h for h in helpers if not any(helper_of(n, {h: ""}) for n in executed)
-        ),
     }
 
 
 def test_the_trace_comparison_finds_every_kind_of_difference():
-    executed = ["snapeval/a.py", "snapeval/b.py", "snapeval/cache/x.py", "snapeval/cache/y.py"]
-    helpers = {"snapeval/cache/": "the engine", "snapeval/gone.py": "no longer runs"}
+    executed = ["snapeval/a.py", "snapeval/b.py", "conf/config.yaml"]
     assert trace_difference(
-        ["snapeval/b.py", "snapeval/b.py", "snapeval/cache/x.py", "snapeval/c.py"], executed, helpers
+        ["snapeval/b.py", "snapeval/b.py", "conf/config.yaml", "snapeval/c.py"], executed
     ) == {
         "ran, not listed": ["snapeval/a.py"],
         "listed, did not run": ["snapeval/c.py"],
-        "listed and a helper": ["snapeval/cache/x.py"],
         "listed twice": ["snapeval/b.py"],
-        "helper that did not run": ["snapeval/gone.py"],
     }
     assert not any(
-        trace_difference(["snapeval/a.py", "snapeval/b.py"], executed, {"snapeval/cache/": ""}).values()
+        trace_difference(["conf/config.yaml", "snapeval/b.py", "snapeval/a.py"], executed).values()
     )
+
+
+def test_the_trace_states_its_true_length_and_names_the_sweep():
+    listed = documented_trace()
+    assert stated_trace_count() == len(listed)
+    assert "snapeval/tasks/aime24.py" in listed and "conf/exp/aime_budget_sweep.yaml" in listed
 
 
 @pytest.fixture(scope="module")
@@ -189,18 +202,17 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     return measure(tmp_path_factory.mktemp("trace"))
 
 
-def test_the_readme_traces_exactly_what_the_sweep_executes_less_the_named_helpers(executed):
+def test_the_documented_trace_is_exactly_every_file_the_sweep_executes(executed):
     """``+exp=aime_budget_sweep`` (one problem, a tiny random model) and its figures, run under a trace:
-    the README's numbered list is every file that ran, less :data:`LEAF_HELPERS`, each once."""
-    listed = readme_trace()
-    assert len(listed) <= MAX_TRACE, listed
-    difference = trace_difference(listed, list(executed), LEAF_HELPERS)
+    the numbered list of ``docs/layout.md`` is every file that ran, each once, and its stated count is
+    their number."""
+    listed = documented_trace()
+    difference = trace_difference(listed, list(executed))
     assert not any(difference.values()), {kind: names for kind, names in difference.items() if names}
-    assert "snapeval/tasks/aime24.py" in listed and "conf/exp/aime_budget_sweep.yaml" in listed
+    assert stated_trace_count() == len(executed)
 
 
-def test_the_readme_names_every_helper_the_trace_leaves_out():
-    assert readme_helpers() >= set(LEAF_HELPERS), sorted(set(LEAF_HELPERS) - readme_helpers())
+# --- the engine example --------------------------------------------------------------------------------
 
 
 def test_the_readme_engine_example_runs_and_a_cache_holding_the_prompt_equals_plain_generate(tiny_llama):
@@ -209,8 +221,7 @@ def test_the_readme_engine_example_runs_and_a_cache_holding_the_prompt_equals_pl
     transformers: ``.ci/run`` runs this at both ends of the range)."""
     import torch
 
-    section = README.read_text().split("## The cache engine", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    code = re.search(r"```python\n(.*?)```", section("## The cache engine"), re.DOTALL).group(1)
     model, reference = FAMILIES["llama"](TINY_VOCAB), FAMILIES["llama"](TINY_VOCAB)
     model.generation_config.eos_token_id = reference.generation_config.eos_token_id = None
     input_ids = torch.arange(3, 43)[None]

@@ -45,7 +45,7 @@ SNAPKV = {128: [1.0] * 60 + [0.0] * 40, 256: [1.0] * 90 + [0.0] * 10}
 KV_BYTES = {"full": 400_000, 128: 50_000, 256: 100_000, 512: 200_000}
 KEPT = {"bins": [i / 10 for i in range(11)], "counts": [1.0, 0.1, 0.0, 0.2, 0.0, 0.3, 0.0, 0.1, 0.5, 1.0]}
 TRACE = {"generated_tokens": 900, "truncated": False, "reasoning_closed": True, "eviction_count": 2}
-AIME = ["model=gemma-3-270m", "+protocol=aime24_r1", "generation.num_samples=2"]
+AIME = ["model.pretrained=acme/tiny-base", "+protocol=aime24_r1", "generation.num_samples=2"]  # uncatalogued
 SMOKE_GATE = {
     "name": "passkey-smoke",
     "task": ["task=ruler_passkey", "task.context_length=512", "run.limit=20"],
@@ -199,12 +199,12 @@ def test_memory_per_sequence_and_rows_from_the_estimator(document):
     compressed = full.kv_bytes_per_sequence_full * KV_BYTES[256] / KV_BYTES["full"]
     row = row_of(memory, "SnapStream 256 (meets 0.95)")
     assert row[1:3] == (binary_size(compressed), f"{int(hbm.kv_available // compressed):,}")
-    left_out = [b.text for b in section(document, "gemma-3-270m · aime24") if isinstance(b, Paragraph)]
-    assert any("left out" in line and "no config for google/gemma-3-270m" in line for line in left_out)
+    left_out = [b.text for b in section(document, "acme/tiny-base · aime24") if isinstance(b, Paragraph)]
+    assert any("left out" in line and "no config for acme/tiny-base" in line for line in left_out)
 
 
 def test_provenance_traces_and_deviations(document, db_url):
-    aime = section(document, "gemma-3-270m · aime24")
+    aime = section(document, "acme/tiny-base · aime24")
     traces = next(b for b in aime if isinstance(b, Table) and "Traces" in b.header)
     assert row_of(traces, "SnapStream 256")[1:5] == ("3", "900.0", "0.000", "1.000")
     provenance = next(b for b in aime if isinstance(b, Table) and "Config hash" in b.header)
@@ -245,7 +245,7 @@ def test_the_html_is_one_self_contained_page(html, document):
         assert all("http" not in str(value) for value in attrs.values() if not str(value).startswith("data:"))
     assert "@import" not in html and "url(" not in html
     images = [attrs["src"] for tag, attrs in page.tags if tag == "img"]
-    experiments_with_budgets = 4  # gemma, llama 1024, llama 2048, smollm2
+    experiments_with_budgets = 4  # tiny-base, llama 1024, llama 2048, smollm2
     assert len(images) == experiments_with_budgets
     for source in images:
         assert source.startswith("data:image/svg+xml;base64,")

@@ -3,14 +3,19 @@ benchmark added as one module, and results stored before the registry still resu
 
 from __future__ import annotations
 
+import pkgutil
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import snapeval.tasks
+from snapeval.configs import task as task_schemas
 from snapeval.configs.compose import compose_config
+from snapeval.configs.fields import Checked, setting
+from snapeval.configs.task import SCHEMAS, TaskConfig, option, task_options, task_schema
 from snapeval.errors import SnapevalError
 from snapeval.paths import LM_EVAL_TASKS_DIR
 from snapeval.tasks import load_task, task_class, task_names
@@ -25,7 +30,6 @@ class Reverse(Task):
 
     names = ("toy_reverse",)
     metrics = ("exact",)
-    options = {"case": ("sensitive", "insensitive")}
 
     def rows(self, tokenizer=None):
         return [{"word": word} for word in ("snap", "stream", "cache")]
@@ -62,9 +66,37 @@ def test_lm_eval_definitions_are_generated_from_the_registry() -> None:
     assert sorted(p.stem for p in LM_EVAL_TASKS_DIR.glob("*.yaml")) == [f"snapeval_{n}" for n in task_names()]
 
 
-def test_a_new_benchmark_is_one_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@dataclass
+class ToyMetadata(Checked):
+    path = "task.metadata"
+
+    case: str = option(("sensitive", "insensitive"), help="whether case counts")
+
+
+@dataclass
+class ToyTask(TaskConfig):
+    module = "toy"
+
+    metadata: ToyMetadata = setting(ToyMetadata)
+
+
+def test_every_schema_names_the_module_that_serves_its_configs() -> None:
+    """One rule finds a config's schema and its module; each schema names the module that rule finds."""
+    modules = {module.name for module in pkgutil.iter_modules(snapeval.tasks.__path__)}
+    assert set(SCHEMAS) <= modules and set(SCHEMAS) == {"aime24", "livecodebench", "longbench_v2", "ruler"}
+    for name in task_names():
+        served_by = task_class(name).__module__
+        assert served_by.split(".")[2] == task_schema(name).module, name
+        options = task_options(name)
+        assert set(options) <= set(compose_config(f"task={name}")["task"].get("metadata", {})), name
+
+
+def test_a_new_benchmark_is_one_module_and_its_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A module dropped next to the others is found by its config name, options checked, scored."""
     (tmp_path / "toy.py").write_text(TOY)
+    monkeypatch.setattr(task_schemas, "SCHEMAS", {**SCHEMAS, "toy": ToyTask})
     monkeypatch.setattr(snapeval.tasks, "__path__", [*snapeval.tasks.__path__, str(tmp_path)])
     monkeypatch.syspath_prepend(str(tmp_path.parent))
     sys.modules.pop("snapeval.tasks.toy", None)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -57,14 +58,32 @@ def set_run(db: ResultsDB, run_id: int, **values) -> None:
         conn.execute(runs.update().where(runs.c.id == run_id).values(**values))
 
 
+class StoppedClock:
+    """A :data:`~snapeval.results.leases.Clock` that moves only when told to (:meth:`advance`)."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> StoppedClock:
+    return StoppedClock()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
-def db(request, tmp_path) -> ResultsDB:
+def db(request, tmp_path, clock) -> ResultsDB:
     url = tmp_path / "db.sqlite" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-    with ResultsDB(url) as opened:
+    with ResultsDB(url, clock=clock) as opened:
         yield opened
 
 
-def test_claims_split_samples_and_return_when_their_worker_dies(db):
+def test_claims_split_samples_and_return_when_their_worker_dies(db, clock):
     digest = f"h{time.monotonic_ns()}"  # the PostgreSQL server is shared by the module's tests
     first, second = db.start_run(config(), digest), db.start_run(config(), digest)
     assert db.claim(digest, ["a", "b"], first, lease_s=60) == {"a", "b"}
@@ -76,10 +95,12 @@ def test_claims_split_samples_and_return_when_their_worker_dies(db):
     assert db.claim(digest, ["b"], second, lease_s=60) == {"b"}  # its claim returns at once
     third = db.start_run(config(), digest)
     set_run(db, third, hostname="elsewhere")  # a worker on another node: only its lease expires it
-    assert db.claim(digest, ["d"], third, lease_s=0.2) == {"d"}
+    assert db.claim(digest, ["d"], third, lease_s=1) == {"d"}
     assert db.claim(digest, ["d"], second, lease_s=60) == set()
-    time.sleep(0.3)
-    assert db.claim(digest, ["d"], second, lease_s=60) == {"d"}
+    clock.advance(0.9)
+    assert db.claim(digest, ["d"], second, lease_s=60) == set()  # within its lease
+    clock.advance(0.2)
+    assert db.claim(digest, ["d"], second, lease_s=60) == {"d"}  # its lease ran out
     db.finish_run(second)  # a finished run drops its claims
     assert db.claim(digest, ["b", "c", "d"], third, lease_s=60) == {"b", "c", "d"}
 

@@ -3,10 +3,11 @@
 :func:`measure` runs the sweep (one problem, a tiny random-weight model, a few tokens) and then
 ``python -m snapeval.figures`` on its database, each in a fresh interpreter under :func:`record`:
 a trace function notes every snapeval function that is called (module and class bodies, run at import,
-do not count), and an audit hook notes every file of ``conf/`` that is opened. What ran is the union of
-both commands. ``tests/test_readme.py`` compares it, less its named helpers, with the README's numbered
-trace; ``python -m tests.trace`` prints what ran (each file with the functions of it that ran), marking
-the helpers, to write that section from.
+do not count), and an audit hook notes every file of ``conf/`` that is opened. kvpress is hidden from
+both commands, so the sweep leaves its kvpress points out whether or not the extra is installed and the
+set is the same everywhere. What ran is the union of both commands. ``tests/test_readme.py`` compares it
+with the numbered trace of ``docs/layout.md`` (every file, each once); ``python -m tests.trace`` prints
+what ran (each file with the functions of it that ran) and how the documented list differs from it.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def record(out: Path, module: str, argv: list[str]) -> None:
             if path.startswith(conf):
                 opened.add(path)
 
+    sys.modules["kvpress"] = None  # type: ignore[assignment]  # hidden: find_spec None, import fails
     sys.addaudithook(audit)
     threading.settrace(trace)
     sys.settrace(trace)
@@ -101,8 +103,8 @@ def _recorded(out: Path, module: str, *argv: str, env: dict[str, str]) -> dict[s
 
 
 def measure(workdir: Path) -> dict[str, list[str]]:
-    """The files (relative to the checkout) a one-problem ``+exp=aime_budget_sweep`` (less kvpress where
-    its extra is not installed) and its figures execute, each with the functions of it that ran (none for
+    """The files (relative to the checkout) a one-problem ``+exp=aime_budget_sweep`` (kvpress hidden:
+    its points left out) and its figures execute, each with the functions of it that ran (none for
     a config file)."""
     from tests.families import save_family
 
@@ -137,24 +139,18 @@ def main() -> None:
         return
     import tempfile
 
-    from tests.test_readme import HELPER_GROUPS, LEAF_HELPERS, helper_of, readme_trace, trace_difference
+    from tests.test_readme import documented_trace, stated_trace_count, trace_difference
 
     with tempfile.TemporaryDirectory() as workdir:
         files = measure(Path(workdir))
-    path = [name for name in files if helper_of(name, LEAF_HELPERS) is None]
-    print(f"executed: {len(files)} files; the trace, less the helpers: {len(path)}")
+    listed = documented_trace()
+    print(f"executed: {len(files)} files; docs/layout.md lists {len(listed)} and says {stated_trace_count()}")
     for name, functions in files.items():
-        kind = "helper" if helper_of(name, LEAF_HELPERS) else "TRACE "
-        print(f"{kind}  {name}  {' '.join(functions)[:160]}")
-    difference = trace_difference(readme_trace(), list(files), LEAF_HELPERS)
+        print(f"{'listed' if name in listed else 'NEW   '}  {name}  {' '.join(functions)[:160]}")
+    difference = trace_difference(listed, list(files))
     print(
-        "\nAgainst the README's numbered list:", {kind: names for kind, names in difference.items() if names}
-    )
-    print("\nThe README's paragraph after the numbered list names the helpers:\n")
-    print(
-        "; ".join(
-            f"{group}: " + ", ".join(f"`{name}`" for name in names) for group, names in HELPER_GROUPS.items()
-        )
+        "\nAgainst docs/layout.md's numbered list:",
+        {kind: names for kind, names in difference.items() if names},
     )
 
 

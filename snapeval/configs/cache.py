@@ -1,15 +1,16 @@
 """The cache methods' declarations: one dataclass per built-in method, the ``cache`` node of the config.
 
 Each dataclass is a method's single declaration: its name (``method``), its ``label`` in figures and
-tables, the optional ``extra`` it needs, and its parameters, their types, defaults and checks (each
-field's :func:`~snapeval.configs.fields.setting` check, relations between fields in ``__post_init__``;
-one :class:`~snapeval.errors.SnapevalError` naming ``cache.<field>``). Everything
-else is derived from it (:mod:`snapeval.configs.methods`): the list of methods, Hydra's ``cache`` options
-(``cache=snapstream cache.budget=256``), what results store of a config, figure labels and styles, the
-method table of ``docs/methods.md``, and the engine class's name and label (the engine points at its
-declaration with ``params_class``). Every method has ``budget`` and ``ratio``, so that one sweep can give
-a budget to all; a method that takes neither ignores them (``setting(stored=False)``). Nothing here
-imports torch: a bad parameter is refused before any model loads.
+tables, its cache's ``shape`` while decoding and its ``source``, the optional ``extra`` it needs, and its
+parameters, their types, defaults and checks (each field's :func:`~snapeval.configs.fields.setting`
+check, relations between fields in ``__post_init__``; one :class:`~snapeval.errors.SnapevalError`
+naming ``cache.<field>``). Everything else is derived from it (:mod:`snapeval.configs.methods`): the list
+of methods, Hydra's ``cache`` options (``cache=snapstream cache.budget=256``), what results store of a
+config, figure labels and styles, the method table of ``docs/methods.md``, and the engine class's name
+and label (the engine points at its declaration with ``params_class``). Every method has ``budget`` and
+``ratio``, so that one sweep can give a budget to all; a method that takes neither ignores them
+(``setting(stored=False)``). Nothing here imports torch: a bad parameter is refused before any model
+loads.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class Full(Checked):
 
     path: ClassVar[str] = "cache"
     label: ClassVar[str] = "Full cache"  # its name in figures and tables
+    shape: ClassVar[str] = "grows"  # how its cache grows while decoding
+    source: ClassVar[str] = "-"
     method: str = "full"
     budget: int | None = ignored()
     ratio: float | None = ignored()
@@ -93,6 +96,8 @@ class StreamingLLM(Checked):
 
     path: ClassVar[str] = "cache"
     label: ClassVar[str] = "StreamingLLM"  # its name in figures and tables
+    shape: ClassVar[str] = "fixed, ring"  # how its cache grows while decoding
+    source: ClassVar[str] = "Xiao et al. 2023, arXiv:2309.17453"
     method: str = "streaming_llm"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
@@ -115,6 +120,8 @@ class SnapKV(Checked):
 
     path: ClassVar[str] = "cache"
     label: ClassVar[str] = "SnapKV"  # its name in figures and tables
+    shape: ClassVar[str] = "grows after prefill"  # how its cache grows while decoding
+    source: ClassVar[str] = "Li et al. 2024, arXiv:2404.14469"
     method: str = "snapkv"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
@@ -143,6 +150,8 @@ class SnapStream(Checked):
 
     path: ClassVar[str] = "cache"
     label: ClassVar[str] = "SnapStream"  # its name in figures and tables
+    shape: ClassVar[str] = "fixed, ring"  # how its cache grows while decoding
+    source: ClassVar[str] = "SnapStream (SambaNova)"
     method: str = "snapstream"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
@@ -178,6 +187,8 @@ class SageKV(Checked):
 
     path: ClassVar[str] = "cache"
     label: ClassVar[str] = "SAGE-KV"  # its name in figures and tables
+    shape: ClassVar[str] = "fixed, ring"  # how its cache grows while decoding
+    source: ClassVar[str] = "Wang et al. 2025, arXiv:2503.08879"
     method: str = "sage_kv"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
@@ -202,6 +213,8 @@ class SpeculativePrefill(Checked):
 
     path: ClassVar[str] = "cache"
     label: ClassVar[str] = "Speculative prefill"  # its name in figures and tables
+    shape: ClassVar[str] = "grows after prefill"  # how its cache grows while decoding
+    source: ClassVar[str] = "Liu et al. 2025, arXiv:2502.02789"
     method: str = "speculative_prefill"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
@@ -231,6 +244,8 @@ class RKV(Checked):
 
     path: ClassVar[str] = "cache"
     label: ClassVar[str] = "R-KV"  # its name in figures and tables
+    shape: ClassVar[str] = "fixed, re-selected while decoding"  # how its cache grows while decoding
+    source: ClassVar[str] = "Cai et al. 2025, arXiv:2505.24133"
     method: str = "rkv"
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = ignored()
@@ -272,6 +287,10 @@ class Kvpress(Checked):
     extra: ClassVar[str] = "kvpress"  # the optional dependency (and snapeval extra) it needs
     path: ClassVar[str] = "cache"
     label: ClassVar[str] = "kvpress"  # its name in figures and tables
+    shape: ClassVar[str] = (
+        "grows after prefill; `decoding`: fixed, re-selected"  # how its cache grows while decoding
+    )
+    source: ClassVar[str] = "NVIDIA kvpress (optional extra)"
     method: str = "kvpress"
     budget: int | None = None
     ratio: float | None = ignored()

@@ -29,7 +29,7 @@ MAX_SLOTS = 2**24
 """The most slots a cache parameter (a budget, a window, a ring, ...) may count: 16,777,216 positions, more
 than any model's window; a larger one is refused before a model loads, not when its rows are allocated."""
 PROMPT_STYLES = ("openai_chat", "llama3", "codeqwen", "qwq", "deepseek_r1")
-"""lcb_runner's prompts by LMStyle (snapeval/tasks/livecodebench/prompts.py)."""
+"""lcb_runner's prompts by LMStyle, the default first (snapeval/tasks/livecodebench/prompts.py)."""
 COUNTS = (
     "num_hidden_layers",
     "num_attention_heads",

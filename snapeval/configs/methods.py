@@ -174,9 +174,13 @@ def method_label(method: str) -> str:
 
 
 def method_table() -> str:
-    """The markdown table of the built-in methods (``docs/methods.md``): option, label, what it does (its
-    declaration's first sentence) and its parameters with their defaults."""
-    lines = ["| `cache=` | method | what it keeps | parameters (defaults) |", "|---|---|---|---|"]
+    """The markdown table of the built-in methods (``docs/methods.md``), from their declarations: option,
+    label, what it keeps (the declaration's first sentence), its cache's shape, its parameters' defaults
+    and its source."""
+    lines = [
+        "| `cache=` | method | what it keeps | shape | defaults | source |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, params in METHODS.items():
         summary = " ".join(inspect.getdoc(params).replace("``", "`").split()).split(". ")[0].rstrip(".") + "."
         defaults = ", ".join(
@@ -185,7 +189,9 @@ def method_table() -> str:
             if f.name in parameter_names(params) and f.name != "ratio"
         )
         extra = f" Needs `pip install 'snapeval[{params.extra}]'`." if getattr(params, "extra", None) else ""
-        lines.append(f"| `{name}` | {params.label} | {summary}{extra} | {defaults or '-'} |")
+        shape, source = getattr(params, "shape", "-"), getattr(params, "source", "-")
+        cells = (f"`{name}`", params.label, summary + extra, shape, defaults or "-", source)
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,14 +1,19 @@
 """The ``task`` group: one schema per kind of task, extended by ``conf/task/*.yaml``.
 
-A task config is served by the schema of its name's longest prefix before an underscore, as its module
-(:func:`snapeval.tasks.task_class`): ``ruler_passkey`` -> :class:`RulerTask`.
+A schema is the one declaration of a task's settings: their defaults, what each takes, and the choices of
+each option (the tuples here, which the task modules import). It names the module of :mod:`snapeval.tasks`
+that implements it (``module``), and :data:`SCHEMAS` is read off those names. A task config is served by
+the schema and the module of its name's longest prefix before an underscore (:func:`kind_of`):
+``ruler_passkey`` -> :class:`RulerTask`, ``snapeval/tasks/ruler.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 from snapeval.configs.fields import (
     PROMPT_STYLES,
@@ -24,7 +29,14 @@ from snapeval.configs.fields import (
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 
-ANSWER_FROM = choice("response", "after_reasoning")
+ANSWER_FROM = ("response", "after_reasoning")
+"""Where a scorer looks for the answer: the whole output, or only the text after ``</think>``."""
+AIME_SCORERS = ("qwen_math", "math_verify", "lm_eval")
+"""The AIME scorers, the reference first (snapeval/tasks/aime_scorers.py: ``<name>_score`` each)."""
+CODE_EXTRACTIONS = ("official", "lenient")
+"""How a program is read from an answer (snapeval/tasks/livecodebench/extraction.py)."""
+CHOICES = "choices"
+"""The key of a field's metadata that holds an option's choices (:func:`option`)."""
 TRUNCATION = choice("error", "middle")
 COMPRESSION = choice("query_aware", "query_agnostic")
 
@@ -34,9 +46,17 @@ class TaskConfig(Checked):
     """What every task has: its name and the one home of the answer's length."""
 
     path = "task"
+    module: ClassVar[str] = ""
+    """The module of :mod:`snapeval.tasks` that implements this kind of task ("": none of its own)."""
 
     name: str = setting(check=text)
     max_new_tokens: int = setting(check=integer(), help="tokens an answer may have")
+
+
+def option(choices: tuple[str, ...], help: str) -> Any:
+    """A ``task.metadata`` switch: one of ``choices``, the first by default (:func:`task_options`)."""
+    declared = setting(choices[0], check=choice(*choices), help=help)
+    return dataclasses.field(default=choices[0], metadata={**declared.metadata, CHOICES: choices})
 
 
 MIN_RULER_CONTEXT = 48
@@ -56,6 +76,7 @@ def ruler_kind(value: Any) -> str | None:
 class RulerTask(TaskConfig):
     """RULER-style prompts generated from the seed at ``context_length`` tokens (snapeval/tasks/ruler.py)."""
 
+    module = "ruler"
     kind: str = setting(check=ruler_kind, help="the needle task: passkey, niah_single, ...")
     context_length: int = setting(1024, check=integer(low=16), help="tokens of the model's tokenizer")
     num_prompts: int = setting(
@@ -79,7 +100,7 @@ class AnswerMetadata(Checked):
     path = "task.metadata"
 
     data_path: str | None = setting(None, check=optional_text, help="a local file instead of the Hub")
-    answer_from: str = setting("response", check=ANSWER_FROM, help="the whole output, or after </think>")
+    answer_from: str = option(ANSWER_FROM, help="the whole output, or after </think>")
 
 
 @dataclass
@@ -94,7 +115,9 @@ class FileTask(TaskConfig):
 class AimeTask(FileTask):
     """AIME 2024 with an official scorer (snapeval/tasks/aime24.py)."""
 
-    scorer: str = setting("qwen_math", check=choice("qwen_math", "math_verify", "lm_eval"))
+    module = "aime24"
+
+    scorer: str = setting(AIME_SCORERS[0], check=choice(*AIME_SCORERS), help="the official scorer")
     metadata: AnswerMetadata = setting(AnswerMetadata)
 
 
@@ -112,6 +135,7 @@ class AnswerPassConfig(Checked):
 class LongBenchTask(FileTask):
     """LongBench-v2 multiple choice, 0-shot or two-pass CoT (snapeval/tasks/longbench_v2.py)."""
 
+    module = "longbench_v2"
     cot: bool = setting(False, check=boolean, help="the CoT protocol's reasoning prompt")
     max_prompt_tokens: int | None = setting(None, check=integer(optional=True))
     query_start: str | None = setting(None, check=optional_text, help="where the question starts")
@@ -129,32 +153,58 @@ class CodeMetadata(Checked):
     release: str = setting("release_v5", check=text, help="release_v1..release_v6, or vN")
     start_date: str | None = setting(None, check=iso_date)
     end_date: str | None = setting(None, check=iso_date)
-    code_extraction: str = setting("official", check=choice("official", "lenient"))
+    code_extraction: str = option(CODE_EXTRACTIONS, help="lcb_runner's, or the last python block")
 
 
 @dataclass
 class LiveCodeBenchTask(FileTask):
     """LiveCodeBench code generation, graded in the sandbox (snapeval/tasks/livecodebench/)."""
 
-    prompt_style: str = setting("openai_chat", check=choice(*PROMPT_STYLES))
+    module = "livecodebench"
+
+    prompt_style: str = setting(PROMPT_STYLES[0], check=choice(*PROMPT_STYLES))
     stop: list[str] = setting([], help="strings that end an answer")
     sandbox: dict[str, Any] = setting({}, help="SandboxLimits fields for the graded programs")
     metadata: CodeMetadata = setting(CodeMetadata)
 
 
-SCHEMAS: dict[str, type[TaskConfig]] = {
-    "ruler": RulerTask,
-    "aime24": AimeTask,
-    "longbench_v2": LongBenchTask,
-    "livecodebench": LiveCodeBenchTask,
-}
-"""The schema of each task module, by the module's name."""
+def _descendants(schema: type[TaskConfig]) -> Iterator[type[TaskConfig]]:
+    for subclass in schema.__subclasses__():
+        yield subclass
+        yield from _descendants(subclass)
+
+
+SCHEMAS: Mapping[str, type[TaskConfig]] = MappingProxyType(
+    {schema.module: schema for schema in _descendants(TaskConfig) if "module" in vars(schema)}
+)
+"""The schema of each task module, by the module's name (each schema's ``module``)."""
+
+
+def kind_of(name: str, kinds: Iterable[str]) -> str | None:
+    """The longest of ``kinds`` that task config ``name`` is, or starts with before an underscore: the
+    rule by which a config finds its schema and its module."""
+    prefixes = [kind for kind in kinds if f"{name}_".startswith(f"{kind}_")]
+    return max(prefixes, key=len) if prefixes else None
 
 
 def task_schema(name: str) -> type[TaskConfig]:
-    """The schema of task config ``name``: its longest prefix before an underscore (:data:`SCHEMAS`)."""
-    prefixes = [prefix for prefix in SCHEMAS if f"{name}_".startswith(f"{prefix}_")]
-    return SCHEMAS[max(prefixes, key=len)] if prefixes else TaskConfig
+    """The schema of task config ``name`` (:data:`SCHEMAS`, by :func:`kind_of`), else :class:`TaskConfig`."""
+    kind = kind_of(name, SCHEMAS)
+    return SCHEMAS[kind] if kind else TaskConfig
+
+
+def task_options(name: str) -> dict[str, tuple[str, ...]]:
+    """The ``task.metadata`` switches of task config ``name`` and their choices, the default first: the
+    fields its schema's metadata declares with :func:`option`."""
+    node = next(
+        (item.default_factory for item in dataclasses.fields(task_schema(name)) if item.name == "metadata"),
+        None,
+    )
+    if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
+        return {}
+    return {
+        item.name: item.metadata[CHOICES] for item in dataclasses.fields(node) if CHOICES in item.metadata
+    }
 
 
 def task_defaults(name: str) -> dict[str, Any]:

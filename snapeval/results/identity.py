@@ -17,7 +17,7 @@ from typing import Any
 from snapeval.configs import legacy
 from snapeval.configs.methods import effective_params
 from snapeval.configs.root import declared_fields
-from snapeval.protocols import changed_settings
+from snapeval.protocols import changed_settings, lookup
 
 #: The random number generator of sampled answers (:mod:`snapeval.sampling`), stored with sampled runs.
 SAMPLER = "counter-hash-v1"
@@ -92,7 +92,7 @@ def keep_stored(config: Mapping[str, Any]) -> dict[str, Any]:
     for path in NOT_STORED:
         config = _without(config, path)
     for path in WHEN_SET:
-        found, value = _lookup(config, path)
+        found, value = lookup(config, path)
         if found and (value is None or value is False):
             config = _without(config, path)
     return dict(config)
@@ -112,15 +112,6 @@ def upgraded(config: Mapping[str, Any]) -> dict[str, Any]:
     return keep_stored(legacy.upgrade(config))
 
 
-def _lookup(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:
-    value: Any = config
-    for part in path.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return False, None
-        value = value[part]
-    return True, value
-
-
 def _without(config: Mapping[str, Any], path: str) -> Mapping[str, Any]:
     head, _, rest = path.partition(".")
     if head not in config:
@@ -129,17 +120,6 @@ def _without(config: Mapping[str, Any], path: str) -> Mapping[str, Any]:
         return {key: value for key, value in config.items() if key != head}
     child = config[head]
     return {**config, head: _without(child, rest)} if isinstance(child, Mapping) else config
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings as dotted keys: ``{"cache": {"budget": 8}}`` -> ``{"cache.budget": 8}``."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def git_sha() -> str | None:

@@ -21,13 +21,18 @@ DEFAULT_LEASE_S: int = RunConfig.lease_s  # run.lease_s's default
 STALE_ERROR = "stale:"  # how the error of a run closed because its worker was found gone begins
 
 
+#: Where the results database reads the time (:class:`~snapeval.results.ResultsDB`'s ``clock``).
+Clock = Callable[[], datetime]
+
+
 def utcnow() -> datetime:
+    """The time now, in UTC: the default :data:`Clock`."""
     return datetime.now(timezone.utc)
 
 
-def expiry(lease_s: float) -> datetime:
-    """When a lease of ``lease_s`` seconds taken now runs out."""
-    return utcnow() + timedelta(seconds=lease_s)
+def expiry(lease_s: float, now: datetime) -> datetime:
+    """When a lease of ``lease_s`` seconds taken at ``now`` runs out."""
+    return now + timedelta(seconds=lease_s)
 
 
 def worker_gone(hostname: str | None, pid: int | None) -> bool:
@@ -43,9 +48,10 @@ def worker_gone(hostname: str | None, pid: int | None) -> bool:
     return False
 
 
-def run_state(run: Mapping[str, Any], now: datetime | None = None) -> str:
-    """A run's status as stored, or ``stale`` for a ``running`` run whose worker is gone (its heartbeat
-    expired, or its process on this host has ended), and for one closed as such (:data:`STALE_ERROR`)."""
+def run_state(run: Mapping[str, Any], now: datetime) -> str:
+    """A run's status at ``now`` as stored, or ``stale`` for a ``running`` run whose worker is gone (its
+    heartbeat expired, or its process on this host has ended), and for one closed as such
+    (:data:`STALE_ERROR`)."""
     if run["status"] == "failed" and str(run.get("error") or "").startswith(STALE_ERROR):
         return "stale"
     if run["status"] != "running":
@@ -53,7 +59,7 @@ def run_state(run: Mapping[str, Any], now: datetime | None = None) -> str:
     expires = run.get("expires_at") or run["created_at"]  # runs stored before heartbeats: their start
     if expires.tzinfo is None:  # SQLite returns naive UTC
         expires = expires.replace(tzinfo=timezone.utc)
-    if expires < (now or utcnow()) or worker_gone(run.get("hostname"), run.get("pid")):
+    if expires < now or worker_gone(run.get("hostname"), run.get("pid")):
         return "stale"
     return "running"
 

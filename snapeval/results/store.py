@@ -12,16 +12,18 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from snapeval.protocols import flatten
 from snapeval.results.connect import database_url, open_engine
-from snapeval.results.identity import (
-    ALIASES,
-    config_hash,
-    flatten,
-    git_sha,
-    package_versions,
-    upgraded,
+from snapeval.results.identity import ALIASES, config_hash, git_sha, package_versions, upgraded
+from snapeval.results.leases import (
+    DEFAULT_LEASE_S,
+    STALE_ERROR,
+    Clock,
+    expiry,
+    run_state,
+    utcnow,
+    worker_gone,
 )
-from snapeval.results.leases import DEFAULT_LEASE_S, STALE_ERROR, expiry, run_state, utcnow, worker_gone
 from snapeval.results.schema import RunStatus, claims, decisions, memory_estimates, runs, samples
 
 if TYPE_CHECKING:  # pandas loads with the first DataFrame: opening a database (or refusing one) is faster
@@ -41,10 +43,12 @@ class ResultsDB:
         must_exist: bool = False,
         writable: bool = True,
         field: str = "run.db",
+        clock: Clock = utcnow,
     ):
         """Open (and create, unless ``must_exist``) the database at ``url`` (see :func:`database_url`),
-        proven writable unless ``writable`` is false; a failure is a :class:`SnapevalError` on ``field``."""
-        self.url = database_url(url)
+        proven writable unless ``writable`` is false; a failure is a :class:`SnapevalError` on ``field``.
+        ``clock`` is the time that runs, samples and leases are stamped and expired with."""
+        self.url, self.clock = database_url(url), clock
         self.engine: Engine = open_engine(self.url, must_exist=must_exist, writable=writable, field=field)
 
     def close(self) -> None:
@@ -59,15 +63,15 @@ class ResultsDB:
     def start_run(self, config: Mapping[str, Any], config_hash: str, lease_s: float = DEFAULT_LEASE_S) -> int:
         """Record a new running run of ``config`` with its provenance (alive for ``lease_s`` unless
         renewed, see :class:`~snapeval.results.leases.Lease`); return its id."""
-        flat = flatten(config)
+        flat, now = flatten(config), self.clock()
         values = {
-            "created_at": utcnow(),
+            "created_at": now,
             "status": "running",
             "git_sha": git_sha(),
             "versions": package_versions(),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
-            "expires_at": expiry(lease_s),
+            "expires_at": expiry(lease_s, now),
             "config": dict(config),
             "config_hash": config_hash,
             "model": flat.get(ALIASES["model"]),
@@ -85,7 +89,7 @@ class ResultsDB:
         query = select(runs).where(
             (runs.c.config_hash == config_hash) & (runs.c.status == "running") & (runs.c.id != run_id)
         )
-        now = utcnow()
+        now = self.clock()
         with self.engine.connect() as conn:
             dead = [run for run in conn.execute(query).mappings() if run_state(run, now) == "stale"]
         with self.engine.begin() as conn:
@@ -101,7 +105,7 @@ class ResultsDB:
 
     def finish_run(self, run_id: int, status: RunStatus = "finished", error: str | None = None) -> None:
         """Close a run with its final status (and error message, if it failed); drop its claims."""
-        values = {"status": status, "error": error, "finished_at": utcnow()}
+        values = {"status": status, "error": error, "finished_at": self.clock()}
         with self.engine.begin() as conn:
             conn.execute(update(runs).where(runs.c.id == run_id).values(values))
             conn.execute(delete(claims).where(claims.c.run_id == run_id))
@@ -112,7 +116,7 @@ class ResultsDB:
         ids = [str(sample_id) for sample_id in sample_ids]
         if not ids:
             return set()
-        now = utcnow()
+        now = self.clock()
         held = (claims.c.config_hash == config_hash) & claims.c.sample_id.in_(ids)
         holders = select(runs.c.id, runs.c.hostname, runs.c.pid).where(
             runs.c.id.in_(select(claims.c.run_id).where(held))
@@ -120,7 +124,7 @@ class ResultsDB:
         with self.engine.connect() as conn:
             gone = [run.id for run in conn.execute(holders) if worker_gone(run.hostname, run.pid)]
         rows = [
-            {"config_hash": config_hash, "sample_id": i, "run_id": run_id, "expires_at": expiry(lease_s)}
+            {"config_hash": config_hash, "sample_id": i, "run_id": run_id, "expires_at": expiry(lease_s, now)}
             for i in ids
         ]
         stored = select(samples.c.sample_id).where(
@@ -139,7 +143,7 @@ class ResultsDB:
 
     def renew(self, run_ids: Iterable[int], lease_s: float) -> None:
         """Heartbeat: keep the running runs ``run_ids`` and their claims alive for another ``lease_s``."""
-        ids, until = list(run_ids), expiry(lease_s)
+        ids, until = list(run_ids), expiry(lease_s, self.clock())
         with self.engine.begin() as conn:
             alive = runs.c.id.in_(ids) & (runs.c.status == "running")
             conn.execute(update(runs).where(alive).values(expires_at=until))
@@ -152,7 +156,7 @@ class ResultsDB:
         query = select(*(runs.c[name] for name in columns), runs.c.status, runs.c.expires_at, runs.c.error)
         with self.engine.connect() as conn:
             stored = conn.execute(query.add_columns(runs.c.config).order_by(runs.c.id)).mappings().all()
-        now = utcnow()
+        now = self.clock()
         return [
             {
                 **{k: v for k, v in run.items() if k != "config"},
@@ -172,7 +176,7 @@ class ResultsDB:
             "sample_id": str(row["sample_id"]),
             "run_id": run_id,
             "config_hash": config_hash,
-            "created_at": utcnow(),
+            "created_at": self.clock(),
         }
         insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](samples).values(values)
         claim = (claims.c.config_hash == config_hash) & (claims.c.sample_id == values["sample_id"])
@@ -240,7 +244,7 @@ class ResultsDB:
             "config_hash": config_hash(config, ignore=()),
             "config": dict(config),
             "estimate": dict(row),
-            "estimated_at": utcnow(),
+            "estimated_at": self.clock(),
         }
         insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](memory_estimates).values(values)
         replace = {key: insert.excluded[key] for key in ("config", "estimate", "estimated_at")}
@@ -254,7 +258,7 @@ class ResultsDB:
             "config_hash": config_hash(config, ignore=()),
             "config": dict(config),
             "decision": dict(decision),
-            "decided_at": utcnow(),
+            "decided_at": self.clock(),
         }
         insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](decisions).values(values)
         replace = {key: insert.excluded[key] for key in ("config", "decision", "decided_at")}

@@ -93,11 +93,16 @@ def trace_summary(extras: Iterable[Any]) -> dict[str, float]:
     that hit ``max_new_tokens``, mean re-selections while decoding (``evictions``) and mean share of the
     generated tokens held at the end (``kept_generated``); NaN where no sample has one."""
     traces = [extra["trace"] for extra in extras if isinstance(extra, dict) and extra.get("trace")]
-    if not traces:
-        return dict.fromkeys(("trace_tokens", "truncated", "evictions", "kept_generated"), float("nan"))
     return {
-        "trace_tokens": sum(t["generated_tokens"] for t in traces) / len(traces),
-        "truncated": sum(bool(t["truncated"]) for t in traces) / len(traces),
+        "trace_tokens": _mean(t["generated_tokens"] for t in traces),
+        "truncated": _mean(bool(t["truncated"]) for t in traces),
         "evictions": _mean(t.get("eviction_count") for t in traces),
         "kept_generated": _mean(t.get("kept_generated_share") for t in traces),
     }
+
+
+#: The keys of every :func:`summary_of`, in its order (``pass@<k>`` follow where the draws allow): the
+#: summary's numbers, by the names every table and :class:`snapeval.runner.RunSummary` use.
+SUMMARY_KEYS: tuple[str, ...] = tuple(summary_of([]))
+#: The keys of :func:`trace_summary`, the last of :data:`SUMMARY_KEYS`.
+TRACE_KEYS: tuple[str, ...] = tuple(trace_summary([]))

@@ -12,9 +12,11 @@ task config (``task=``)  module                                 what it is
 
 A task config ``conf/task/<name>.yaml`` is served by the module of this package whose name is ``<name>``
 or its longest prefix before an underscore (``ruler_passkey`` -> ``ruler``), by the
-:class:`~snapeval.tasks.base.Task` subclass there that lists ``<name>`` in its ``names``. Adding a
-benchmark is one module and one config (then ``python -m snapeval.tasks.lm_eval_export`` writes its
-lm-eval definition). Only the module of the task built is imported.
+:class:`~snapeval.tasks.base.Task` subclass there that lists ``<name>`` in its ``names``: the rule by which
+it finds its schema too (:func:`snapeval.configs.task.kind_of`), whose ``module`` is that module. Adding a
+benchmark is one module and one config, and a schema in :mod:`snapeval.configs.task` for settings or
+options beyond a name and a length (then ``python -m snapeval.tasks.lm_eval_export`` writes its lm-eval
+definition). Only the module of the task built is imported.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
+from snapeval.configs.task import kind_of
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 from snapeval.tasks.base import AnswerPass, Prompt, Task
@@ -38,9 +41,9 @@ def task_names() -> list[str]:
 
 def task_class(name: str) -> type[Task]:
     """The :class:`Task` subclass that serves the task config ``name``."""
-    modules = [m.name for m in pkgutil.iter_modules(__path__) if f"{name}_".startswith(f"{m.name}_")]
-    if modules:
-        module = importlib.import_module(f"{__name__}.{max(modules, key=len)}")
+    kind = kind_of(name, (module.name for module in pkgutil.iter_modules(__path__)))
+    if kind:
+        module = importlib.import_module(f"{__name__}.{kind}")
         for value in vars(module).values():
             if isinstance(value, type) and issubclass(value, Task) and name in getattr(value, "names", ()):
                 return value

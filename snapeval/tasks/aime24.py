@@ -1,11 +1,11 @@
 """AIME 2024: the DeepSeek-R1 / QwQ evaluation prompt, scored by an official harness's scorer.
 
 Data: the Hub (``HuggingFaceH4/aime_2024``), ``$SNAPEVAL_DATA_DIR/aime24/test.jsonl``, or
-``task.metadata.data_path``. ``task.scorer``: ``qwen_math`` (Qwen2.5-Math's grader, the reference),
-``math_verify`` or ``lm_eval`` (:mod:`snapeval.tasks.aime_scorers`). Option ``answer_from``:
-``response`` (the whole output, as every official scorer reads it) or ``after_reasoning`` (the text
-after ``</think>``). A row's gold ``answer`` is an AIME answer, an integer 0-999 (or its digits, "025");
-any other row is refused when the data is read, never scored 0.
+``task.metadata.data_path``. ``task.scorer``: one of :data:`~snapeval.configs.task.AIME_SCORERS`,
+``qwen_math`` (Qwen2.5-Math's grader, the reference) by default (:mod:`snapeval.tasks.aime_scorers`).
+Option ``answer_from``: ``response`` (the whole output, as every official scorer reads it) or
+``after_reasoning`` (the text after ``</think>``). A row's gold ``answer`` is an AIME answer, an integer
+0-999 (or its digits, "025"); any other row is refused when the data is read, never scored 0.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from snapeval.configs.task import AIME_SCORERS, ANSWER_FROM
 from snapeval.errors import SnapevalError
 from snapeval.tasks import qwen_math_grader
 from snapeval.tasks.aime_scorers import SCORERS
@@ -36,7 +37,9 @@ def build_prompt(problem: str) -> str:
     return PROMPT_TEMPLATE.format(problem=problem)
 
 
-def score(output: str, gold: str, scorer: str = "qwen_math", answer_from: str = "response") -> dict[str, int]:
+def score(
+    output: str, gold: str, scorer: str = AIME_SCORERS[0], answer_from: str = ANSWER_FROM[0]
+) -> dict[str, int]:
     """``acc`` (0/1) of one output by the named scorer, over the whole ``response`` (as every official
     scorer reads it) or only the text ``after_reasoning``."""
     if scorer not in SCORERS:
@@ -67,7 +70,6 @@ class Aime24(Task):
 
     names = ("aime24",)
     metrics = ("acc",)
-    options = {"answer_from": ("response", "after_reasoning")}
     id_field = "id"
     source = AIME24
 

@@ -1,10 +1,11 @@
 """What a benchmark declares once, and what the runner asks of it.
 
 A benchmark is one module of :mod:`snapeval.tasks` holding one :class:`Task` subclass: where its rows
-come from, how a row becomes chat messages, how an output is scored, and the switches its protocol
-offers (``options``). Its settings (generation length, truncation, query split, option defaults) are its
-Hydra config, ``conf/task/<name>.yaml``; the lm-eval task definitions under the top-level ``tasks/``
-are generated from both (:mod:`snapeval.tasks.lm_eval_export`). Tasks know nothing of caches.
+come from, how a row becomes chat messages, how an output is scored. Its settings (generation length,
+truncation, query split, the switches its protocol offers and their choices) are declared by its schema
+(:mod:`snapeval.configs.task`) and set by its Hydra config, ``conf/task/<name>.yaml``; the lm-eval task
+definitions under the top-level ``tasks/`` are generated from both (:mod:`snapeval.tasks.lm_eval_export`).
+Tasks know nothing of caches.
 
 Rows come from a local file or folder, ``$SNAPEVAL_DATA_DIR`` or the Hugging Face Hub (:func:`load_rows`),
 in this order: an explicit ``data_path`` (a .jsonl/.json/.parquet file, or a folder holding one), then
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from snapeval.configs.task import task_defaults
+from snapeval.configs.task import ANSWER_FROM, task_defaults, task_options
 from snapeval.errors import SnapevalError
 from snapeval.tasks.hub import DATA_DIR_ENV, DATA_PATH_FIELD, DataSource, read_hub
 
@@ -37,7 +38,6 @@ THINK_END = "</think>"
 RAW_ROLE = "raw"
 """The role of a message that is the whole prompt text, special tokens included, which the model reads as
 it is (no chat template): a prompt an official harness writes out in full (LiveCodeBench's styles)."""
-ANSWER_FROM = ("response", "after_reasoning")
 SUFFIXES = (".jsonl", ".json", ".parquet")
 MAX_DATA_BYTES = 2 << 30
 """The largest local data file read (2 GiB): a file is read whole into memory (the shared data's largest,
@@ -111,8 +111,7 @@ class AnswerPass:
 class Task(ABC):
     """A benchmark, built from its task config (``conf/task/<name>.yaml``, ``seed``).
 
-    A subclass declares the config ``names`` it serves, its ``metrics`` (the headline first), its
-    ``options`` (``task.metadata`` switches and their choices, the default first), an optional
+    A subclass declares the config ``names`` it serves, its ``metrics`` (the headline first), an optional
     ``system_message`` and the row field that ids a sample (``id_field``; else its index), and
     implements :meth:`rows`, :meth:`user_text` and :meth:`score_row` (and :meth:`target` if it has one).
     A task read from data declares its ``source`` and reads it with :meth:`data_rows`, which refuses a
@@ -122,7 +121,6 @@ class Task(ABC):
 
     names: ClassVar[tuple[str, ...]]
     metrics: ClassVar[tuple[str, ...]]
-    options: ClassVar[dict[str, tuple[str, ...]]] = {}
     system_message: ClassVar[str | None] = None
     reads_as_text: ClassVar[bool] = False
     """Whether its prompts read as plain text for a base model (``model.completion``): a prompt that ends
@@ -147,7 +145,7 @@ class Task(ABC):
         self.query_start: str | None = cfg.get("query_start") if agnostic else None
         self.answer_pass = AnswerPass.from_config(cfg.get("answer_pass"))
         self.metadata: dict[str, Any] = dict(cfg.get("metadata") or {})
-        for option, choices in self.options.items():
+        for option, choices in task_options(self.name).items():
             self.metadata[option] = metadata_choice(self.metadata, option, choices, choices[0])
 
     @abstractmethod

@@ -1,9 +1,9 @@
 """The lm-eval task definitions (``tasks/snapeval_<task>.yaml``), generated from the registry.
 
-Each definition names the task's generation length (``max_new_tokens`` of ``conf/task/<task>.yaml``),
-metrics and system message (its :class:`~snapeval.tasks.base.Task` class), and delegates everything
-else to ``tasks/utils.py``, which builds the same task from the registry. So a setting lives in
-one place, and ``lm_eval --include_path tasks --tasks snapeval_<task>`` scores as
+Each definition names the task's generation length and stop strings (``max_new_tokens`` and ``stop`` of
+``conf/task/<task>.yaml``), metrics and system message (its :class:`~snapeval.tasks.base.Task` class),
+and delegates everything else to ``tasks/utils.py``, which builds the same task from the registry. So a
+setting lives in one place, and ``lm_eval --include_path tasks --tasks snapeval_<task>`` scores as
 ``python -m snapeval task=<task>`` does. Regenerate after changing a task or its config::
 
     python -m snapeval.tasks.lm_eval_export            # write
@@ -51,7 +51,7 @@ def definition(name: str) -> str:
         "metric_list:",
         *(f"  - {{metric: {json.dumps(m)}, aggregation: mean, higher_is_better: true}}" for m in cls.metrics),
         "generation_kwargs:",
-        "  until: []",
+        f"  until: {json.dumps(config.get('stop') or [])}",
         f"  max_gen_toks: {config['max_new_tokens']}",
         "  do_sample: false",
         "metadata:",

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from snapeval.configs.task import ANSWER_FROM
 from snapeval.tasks.base import DataSource, Task, answer_part
 
 LONGBENCH_V2 = DataSource(
@@ -72,7 +73,7 @@ def _fill(template: str, row: Mapping[str, Any], cot: str = "") -> str:
     return text.replace("$COT$", cot)
 
 
-def extract_answer(response: str, answer_from: str = "response") -> str | None:
+def extract_answer(response: str, answer_from: str = ANSWER_FROM[0]) -> str | None:
     """The chosen letter by the official regexes (markdown ``*`` removed; the first match of the first
     pattern that matches), in the whole response as pred.py reads it, or only after the reasoning."""
     text = answer_part(response, answer_from).replace("*", "")
@@ -83,7 +84,7 @@ def extract_answer(response: str, answer_from: str = "response") -> str | None:
 
 
 def score(
-    response: str, row: Mapping[str, Any], answer_from: str = "response"
+    response: str, row: Mapping[str, Any], answer_from: str = ANSWER_FROM[0]
 ) -> dict[str, int | str | None]:
     """``acc`` (0/1), the extracted ``pred``, and the item's ``difficulty`` and ``length``."""
     pred = extract_answer(response, answer_from)
@@ -108,7 +109,6 @@ class LongBenchV2(Task):
 
     names = ("longbench_v2", "longbench_v2_cot")
     metrics = ("acc", "acc_easy", "acc_hard", "acc_short", "acc_medium", "acc_long")
-    options = {"answer_from": ("response", "after_reasoning")}
     id_field = "_id"
     source = LONGBENCH_V2
 

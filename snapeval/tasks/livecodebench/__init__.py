@@ -13,14 +13,13 @@ one problem), :mod:`~snapeval.tasks.livecodebench.judging` (one test's verdict),
 """
 
 from snapeval.tasks.livecodebench.cases import CodeTest, parse_tests
-from snapeval.tasks.livecodebench.extraction import EXTRACTIONS, extract_code
+from snapeval.tasks.livecodebench.extraction import extract_code
 from snapeval.tasks.livecodebench.grading import TestReport, run_tests
 from snapeval.tasks.livecodebench.judging import Verdict, outputs_match
 from snapeval.tasks.livecodebench.prompts import STYLES, SYSTEM_MESSAGE, build_messages, generic_question
 from snapeval.tasks.livecodebench.task import LIVECODEBENCH, LiveCodeBench, filter_by_date, release_files
 
 __all__ = [
-    "EXTRACTIONS",
     "LIVECODEBENCH",
     "STYLES",
     "SYSTEM_MESSAGE",

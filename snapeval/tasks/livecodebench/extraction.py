@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from snapeval.configs.task import CODE_EXTRACTIONS
 from snapeval.tasks.base import after_reasoning
 
-EXTRACTIONS = ("official", "lenient")
 _PYTHON_FENCE_TAGS = frozenset({"", "python", "python3", "py"})
 
 
-def extract_code(text: str, mode: str = "official") -> str | None:
-    """The program in a model's output, by ``mode``:
+def extract_code(text: str, mode: str = CODE_EXTRACTIONS[0]) -> str | None:
+    """The program in a model's output, by ``mode`` (one of :data:`~snapeval.configs.task.CODE_EXTRACTIONS`):
 
     * ``official`` (lcb_runner's ``extract_code``): the lines between the last two lines that contain
       a fence (```), whatever their tag, anywhere in the output, reasoning included; None with fewer
@@ -22,7 +22,7 @@ def extract_code(text: str, mode: str = "official") -> str | None:
         fences = [index for index, line in enumerate(lines) if "```" in line]
         return "\n".join(lines[fences[-2] + 1 : fences[-1]]) if len(fences) >= 2 else None
     if mode != "lenient":
-        raise ValueError(f"unknown code extraction {mode!r}; choose one of {', '.join(EXTRACTIONS)}")
+        raise ValueError(f"unknown code extraction {mode!r}; choose one of {', '.join(CODE_EXTRACTIONS)}")
     blocks: list[tuple[str, str]] = []
     tag: str | None = None
     body: list[str] = []

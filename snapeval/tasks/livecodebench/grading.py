@@ -13,19 +13,23 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from snapeval.errors import SnapevalError
-from snapeval.sandbox import DEFAULT_LIMITS, SandboxLimits, run_program
+from snapeval.sandbox import DEFAULT_LIMITS, ExecutionResult, SandboxLimits, run_program
 from snapeval.tasks.hub import DATA_PATH_FIELD
 from snapeval.tasks.livecodebench.cases import parse_tests
 from snapeval.tasks.livecodebench.grader import INT_MAX_STR_DIGITS
 from snapeval.tasks.livecodebench.judging import Verdict, ended_early, judge
 
 _GRADER = (Path(__file__).parent / "grader.py").read_text(encoding="utf-8")
+
+#: Runs a program (code, stdin, limits) as :func:`snapeval.sandbox.run_program` does, which reads the
+#: wall clock: it stops the run when ``limits.timeout_s`` has passed.
+Runner = Callable[[str, str, SandboxLimits], ExecutionResult]
 
 
 @dataclass(frozen=True)
@@ -43,8 +47,13 @@ class TestReport:
         return self.verdict == "passed"
 
 
-def run_tests(code: str | None, row: Mapping[str, Any], limits: SandboxLimits = DEFAULT_LIMITS) -> TestReport:
-    """Grade ``code`` on every test of ``row``: one sandboxed process, each test under
+def run_tests(
+    code: str | None,
+    row: Mapping[str, Any],
+    limits: SandboxLimits = DEFAULT_LIMITS,
+    run: Runner = run_program,
+) -> TestReport:
+    """Grade ``code`` on every test of ``row``: one sandboxed process (started by ``run``), each test under
     ``limits.timeout_s``, the whole run under ``limits.total_timeout_s`` (by default lcb_runner's
     ``(timeout + 1) * tests + 5`` seconds); the verdict is that of the first failing test."""
     tests = parse_tests(row)
@@ -62,7 +71,7 @@ def run_tests(code: str | None, row: Mapping[str, Any], limits: SandboxLimits = 
         "inputs": [t.input for t in tests],
         "timeout_s": limits.timeout_s,
     }
-    result = run_program(_GRADER, json.dumps(job), replace(limits, timeout_s=budget))
+    result = run(_GRADER, json.dumps(job), replace(limits, timeout_s=budget))
     with _big_integers():
         outcomes = _outcomes(result.stdout)
         slowest = 0.0

@@ -1,8 +1,9 @@
 """LiveCodeBench's code-generation prompts per model style, as lcb_runner's ``format_prompt_generation``
 builds them for its ``LMStyle`` (``lcb_runner/prompts/code_generation.py``).
 
-A style gives either chat messages (the model's chat template comes around them) or one finished
-prompt text, special tokens included, that the model reads as it is (a
+The styles are :data:`~snapeval.configs.fields.PROMPT_STYLES`; the prompt of a style is this module's
+``_<style>``. A style gives either chat messages (the model's chat template comes around them) or one
+finished prompt text, special tokens included, that the model reads as it is (a
 :data:`~snapeval.tasks.base.RAW_ROLE` message). The style is the model's (``model.prompt_style`` in
 ``conf/model/<name>.yaml``, as lcb_runner's model list assigns it), overridable per run
 (``model.prompt_style=...`` or ``task.prompt_style=...``):
@@ -21,8 +22,10 @@ style            lcb_runner ``LMStyle``    prompt
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
+from snapeval.configs.fields import PROMPT_STYLES
 from snapeval.tasks.base import RAW_ROLE
 
 SYSTEM_MESSAGE = (
@@ -70,7 +73,7 @@ def generic_question(row: Mapping[str, Any]) -> str:
     return prompt + "### Answer: (use the provided format with backticks)\n\n"
 
 
-def _chat(row: Mapping[str, Any]) -> Messages:
+def _openai_chat(row: Mapping[str, Any]) -> Messages:
     return [{"role": "system", "content": SYSTEM_MESSAGE}, {"role": "user", "content": generic_question(row)}]
 
 
@@ -79,7 +82,7 @@ def _llama3(row: Mapping[str, Any]) -> Messages:
     every LLaMa3-style model (Llama-3.1 included, whose own template adds a date header)."""
     turns = "".join(
         f"<|start_header_id|>{message['role']}<|end_header_id|>\n\n{message['content'].strip()}<|eot_id|>"
-        for message in _chat(row)
+        for message in _openai_chat(row)
     )
     return _raw(f"<|begin_of_text|>{turns}<|start_header_id|>assistant<|end_header_id|>\n\n")
 
@@ -109,17 +112,13 @@ def _raw(text: str) -> Messages:
     return [{"role": RAW_ROLE, "content": text}]
 
 
-STYLES: dict[str, Callable[[Mapping[str, Any]], Messages]] = {
-    "openai_chat": _chat,
-    "llama3": _llama3,
-    "codeqwen": _codeqwen,
-    "qwq": _qwq,
-    "deepseek_r1": _deepseek_r1,
-}
+STYLES: Mapping[str, Callable[[Mapping[str, Any]], Messages]] = MappingProxyType(
+    {style: globals()[f"_{style}"] for style in PROMPT_STYLES}
+)
 """Every prompt style by its ``prompt_style`` name, the generic chat style (the default) first."""
 
 
-def build_messages(row: Mapping[str, Any], style: str = "openai_chat") -> Messages:
+def build_messages(row: Mapping[str, Any], style: str = PROMPT_STYLES[0]) -> Messages:
     """The prompt of ``row`` in ``style``: chat messages, or one :data:`RAW_ROLE` message."""
     if style not in STYLES:
         raise ValueError(f"unknown prompt style {style!r}; choose one of {', '.join(STYLES)}")

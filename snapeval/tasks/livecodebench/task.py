@@ -13,7 +13,7 @@ from snapeval.sandbox import limits_from_config
 from snapeval.stops import cut_at_stop
 from snapeval.tasks.base import DataSource, Task, local_file
 from snapeval.tasks.livecodebench.cases import tests_problem
-from snapeval.tasks.livecodebench.extraction import EXTRACTIONS, extract_code
+from snapeval.tasks.livecodebench.extraction import extract_code
 from snapeval.tasks.livecodebench.grading import run_tests
 from snapeval.tasks.livecodebench.prompts import STYLES, SYSTEM_MESSAGE, build_messages, generic_question
 
@@ -85,7 +85,6 @@ class LiveCodeBench(Task):
 
     names = ("livecodebench",)
     metrics = ("passed", "passed_atcoder", "passed_leetcode")
-    options = {"code_extraction": EXTRACTIONS}
     system_message = SYSTEM_MESSAGE
     id_field = "question_id"
     source = LIVECODEBENCH
