@@ -38,6 +38,7 @@ from snapeval.continuous import Answer, ContinuousBatcher, Request
 from snapeval.errors import SnapevalError
 from snapeval.generation import continuation_logprob
 from snapeval.models import attach_drafts, load_model, load_tokenizer, model_spec
+from snapeval.plan import check_drafts
 from snapeval.prompting import prompt_ids
 from snapeval.requests import RequestBuilder, sampling
 from snapeval.stops import cut_at_stop, stop_ids
@@ -86,6 +87,7 @@ class SnapStreamLM(LM):
         self.batch_size = _batch_size(batch_size)
         self.cache_parameters = {"method": method, **cache_parameters}
         build_cache(self.cache_parameters)  # bad parameters fail before the model loads
+        check_drafts([self.cache_parameters])  # the run plan's check of the drafts a cache names
         spec = model_spec(pretrained)
         if device and device.startswith("cuda") and not torch.cuda.is_available():
             logging.getLogger(__name__).warning("no CUDA here: using cpu instead of %s", device)

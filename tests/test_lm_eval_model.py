@@ -143,3 +143,11 @@ def test_model_arguments_take_the_values_of_their_config_fields(argument, value,
     with pytest.raises(SnapevalError) as error:
         SnapStreamLM(pretrained="no/such-model", method="full", **{argument: value})
     assert str(error.value) == f"{argument}: must be {takes}, got {value!r}"
+
+
+def test_a_draft_that_names_a_path_is_refused_as_the_run_plan_refuses_it():
+    """The lm-eval model checks the drafts a cache names with the run plan's check (snapeval.plan)."""
+    with pytest.raises(
+        SnapevalError, match=r"^cache\.draft: no model '\.\./weights': give self, a model config"
+    ):
+        SnapStreamLM(pretrained="no/such-model", method="speculative_prefill", draft="../weights")
