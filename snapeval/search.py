@@ -7,8 +7,10 @@ the one-sided 95% lower bound of ``mean(method) - target x mean(full)`` over the
 
 1. evaluates the coarse ladder ``search.budgets`` on the first ``search.min_samples`` samples (one grid:
    one prefill per sample fills the full cache and every budget);
-2. doubles the samples of the budgets still open, up to ``search.max_samples`` (a budget open at the
-   cap has not shown the target: it counts as failing);
+2. doubles the samples of every budget that has not failed, up to ``search.max_samples``: only a fail
+   stops early, a pass is confirmed on ``search.max_samples`` (a bootstrap bound on a few samples that all
+   agree has no spread to go by: 10 right answers out of 10 "pass" any target), and a budget open at the
+   cap has not shown the target, so it counts as failing;
 3. bisects between the largest failing and the smallest passing budget, each new budget settled the same
    way, until they are at most ``search.resolution`` apart.
 
@@ -98,7 +100,7 @@ def search(settings: Settings, evaluate: Evaluate) -> Decision:
         while budgets:
             for budget, scores in evaluate(budgets, n).items():
                 settled[budget] = judge(budget, scores, settings.target)
-            budgets = [b for b in budgets if settled[b].verdict == "open" and n < settings.max_samples]
+            budgets = [b for b in budgets if settled[b].verdict != "fail" and n < settings.max_samples]
             n = min(2 * n, settings.max_samples)
 
     settle(sorted(settings.budgets))

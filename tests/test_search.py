@@ -31,28 +31,52 @@ def table(threshold: int, noisy: frozenset[int] = frozenset()):
 
 
 def test_the_search_reaches_the_exhaustive_decision_with_fewer_samples():
+    """Failing budgets stop at 10 samples; passing ones are confirmed on 80 (the cap)."""
     evaluate, asked = table(threshold=300)
     decision = search(SETTINGS, evaluate)
     reference = exhaustive(SETTINGS, table(threshold=300)[0])
     assert decision.budget == reference.budget == 320
-    tried = [budget for budgets, _ in asked for budget in budgets]
+    tried = [budget for budgets, _ in asked for budget in budgets if _ == 10]
     assert tried == [128, 256, 512, 1024, 384, 320, 288]  # the ladder, then bisection to 32 slots
-    assert all(samples == 10 for _, samples in asked)  # every verdict was clear on 10 samples
-    assert decision.samples_spent == 7 * 10 + 10  # + the full cache's
+    assert [(e.budget, e.n, e.verdict) for e in decision.evidence if e.verdict == "pass"] == [
+        (320, 80, "pass"),
+        (384, 80, "pass"),
+        (512, 80, "pass"),
+        (1024, 80, "pass"),
+    ]
+    assert decision.samples_spent == 3 * 10 + 4 * 80 + 80  # fails at 10, passes at 80, + the full cache's
     assert reference.samples_spent == (len(range(128, 1025, 32)) + 1) * 80
-    assert decision.chosen.retention == 1.0 and decision.chosen.verdict == "pass"
+    assert decision.chosen.retention == 1.0
+
+
+def test_a_pass_on_a_few_agreeing_samples_is_confirmed_on_more():
+    """Budget 256 is right on the first 10 samples and wrong on 1 in 5 after: 10 samples would pass it,
+    the confirmation fails it on 40, as the exhaustive grid does on 80."""
+
+    def evaluate(budgets, samples):
+        return {
+            b: ([1.0 if b >= 512 or i < 10 or i % 5 else 0.0 for i in range(samples)], [1.0] * samples)
+            for b in budgets
+        }
+
+    assert judge(256, evaluate([256], 10)[256], 0.95).verdict == "pass"  # no spread in 10 agreeing samples
+    decision, reference = search(SETTINGS, evaluate), exhaustive(SETTINGS, evaluate)
+    assert [(e.n, e.verdict) for e in decision.evidence if e.budget == 256] == [(40, "fail")]
+    assert decision.budget == reference.budget == 512
 
 
 def test_samples_are_added_only_where_the_decision_is_open():
     """Budget 256 keeps 90% against a 95% target: open on 10, 20, 40 and still on 80 samples (the cap:
-    not shown to keep the target, so not chosen); every other verdict is clear on 10."""
+    not shown to keep the target, so not chosen); the failing budget stops at 10."""
     evaluate, asked = table(threshold=500, noisy=frozenset({256}))
     decision = search(SETTINGS, evaluate)
-    assert asked[:4] == [((128, 256, 512, 1024), 10), ((256,), 20), ((256,), 40), ((256,), 80)]
-    assert all(samples == 10 for _, samples in asked[4:])
-    assert [(e.n, e.verdict) for e in decision.evidence if e.budget == 256] == [(80, "open")]
+    ladder, confirming = (128, 256, 512, 1024), (256, 512, 1024)
+    assert asked[:4] == [(ladder, 10), (confirming, 20), (confirming, 40), (confirming, 80)]
+    assert [(e.n, e.verdict) for e in decision.evidence if e.budget in (128, 256)] == [
+        (10, "fail"),
+        (80, "open"),
+    ]
     assert decision.budget == 512
-    assert decision.samples_spent == 80 + 10 * (len(decision.evidence) - 1) + 80
 
 
 def test_a_full_cache_with_nothing_right_decides_nothing():
