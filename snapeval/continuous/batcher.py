@@ -90,18 +90,11 @@ class ContinuousBatcher:
         self.reserve(queue)
         _Run(self, queue, on_answer, more).loop()
 
-    def slots_needed(self, request: Request) -> int:
-        """The slots of one row that ``request`` fills: its compressed prompt, query and answer."""
-        split = request.compress_at or len(request.prompt_ids)
-        appended = len(request.prompt_ids) - split
-        cache = build_cache(request.cache, strict=False)
-        return cache.decode_slots(split, appended + request.max_new_tokens)
-
     def reserve(self, requests: Iterable[Request]) -> None:
         """Allocate the rows for ``requests``, in classes sized for what they hold
         (:func:`~snapeval.continuous.classes.plan_classes`); later runs reuse them (and their compiled
         step) while the largest is large enough."""
-        needs = [self.slots_needed(request) for request in requests]
+        needs = [request.slots_needed for request in requests]
         if self.slots is None or self.slots.capacity < max(needs):
             plan = plan_classes(needs, self.rows)
             shapes = cached_shapes(self.model)  # one probing forward for the check and the rows
@@ -219,7 +212,7 @@ class _Run:
     def enqueue(self, added: list[Request], first: bool) -> None:
         """Queue ``added`` (at the front when ``first``), growing the largest rows if one needs more."""
         batcher = self.batcher
-        needs = [batcher.slots_needed(request) for request in added]
+        needs = [request.slots_needed for request in added]
         for request in added:
             self.shares[request.prefill_key()] += 1
             self.sampling.note(request.sampling)

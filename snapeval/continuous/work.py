@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from snapeval.cache import effective_params, method_class
+from snapeval.cache import build_cache, effective_params, method_class
 from snapeval.sampling import Sampling
 
 
@@ -37,6 +37,15 @@ class Request:
     def _prefill_key(self) -> tuple:
         own = method_class(self.cache.get("method")).selects_before_prefill
         return (self.prompt_ids, self.compress_at, self.setting if own else None)
+
+    @cached_property
+    def slots_needed(self) -> int:
+        """The slots of one row that the request fills: its compressed prompt, query and answer (worked
+        out once: the batcher sizes its rows and places the request by it)."""
+        split = self.compress_at or len(self.prompt_ids)
+        appended = len(self.prompt_ids) - split
+        cache = build_cache(self.cache, strict=False)
+        return cache.decode_slots(split, appended + self.max_new_tokens)
 
     @cached_property
     def setting(self) -> tuple:
