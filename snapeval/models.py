@@ -9,6 +9,7 @@ file a package's ``assemble()`` writes into the user's cache from chunk packages
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import json
@@ -195,7 +196,13 @@ def model_config(spec: ModelSpec) -> PretrainedConfig:
     """The model's Hugging Face config, read before its weights, with ``spec.config_overrides`` set: a
     config that cannot be read is refused naming ``model.pretrained``, overrides that break it naming
     ``model.config_overrides`` (:func:`check_overrides`), a family the engine cannot serve naming ``model``
-    (:func:`snapeval.cache.attention.check_model_config`)."""
+    (:func:`snapeval.cache.attention.check_model_config`). A copy: the file is read once a process (a
+    GGUF's metadata, its whole vocabulary included, takes seconds to parse)."""
+    return copy.deepcopy(_read_config(spec))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_config(spec: ModelSpec) -> PretrainedConfig:
     source = resolve_pretrained(spec.pretrained)
     try:
         config = AutoConfig.from_pretrained(source, gguf_file=gguf_file(spec, source))

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 import snapeval.__main__ as front_door
-from snapeval import plan, runner, tasks
+from snapeval import models, plan, runner, tasks
 from snapeval.configs.compose import compose_config
 from snapeval.results import ResultsDB
 
@@ -28,19 +28,22 @@ def counting(monkeypatch, counts: Counter, owner: object, name: str) -> None:
 
 def test_the_front_door_checks_a_run_once(monkeypatch, tmp_path, tiny_llama_overrides, capsys):
     """``python -m snapeval ...`` in-process: the config's fields, its task (and data) and its cache
-    settings are each checked once, before Hydra; the run then stores its samples."""
+    settings are each checked once, before Hydra, and the model's config read once; the run then stores
+    its samples."""
     counts: Counter = Counter()
     counting(monkeypatch, counts, plan, "check")
     counting(monkeypatch, counts, tasks, "load_task")
     counting(monkeypatch, counts, front_door, "check_inputs")
     counting(monkeypatch, counts, front_door, "make_plan")
     counting(monkeypatch, counts, runner, "make_plan")  # the runner's own planning: not called
+    models._read_config.cache_clear()
     overrides = [*tiny_llama_overrides, "run.limit=2", "task.context_length=256", "task.max_new_tokens=4"]
     overrides += [f"run.db={tmp_path / 'db.sqlite'}", "run.progress=false", f"hydra.run.dir={tmp_path}"]
     monkeypatch.setattr(sys, "argv", ["snapeval", *overrides])
     checked = front_door.check_before_hydra(overrides)
     front_door.main(checked)
     assert counts == {"check": 1, "load_task": 1, "check_inputs": 1, "make_plan": 1}
+    assert models._read_config.cache_info().misses == 1  # the plan checks it, the model is built from it
     with ResultsDB(tmp_path / "db.sqlite") as db:
         [stored] = db.run_states()
         assert stored["status"] == "finished" and len(db.samples_for(stored["config_hash"])) == 2
