@@ -89,7 +89,7 @@ def test_documented_command_composes_to_what_it_says(arguments):
     assert points
     gridded = len({yaml.safe_dump(point["cache"]) for point in points}) > 1
     for override in rest:
-        if override.startswith("grid.") or (gridded and override.startswith("cache")):
+        if override.lstrip("+").startswith("grid.") or (gridded and override.startswith("cache")):
             continue  # a grid's points set the cache themselves
         if override.startswith(("hydra", "~")):
             continue  # Hydra's own settings (a launcher), a key removed: composing them is the check
