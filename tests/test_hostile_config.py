@@ -294,12 +294,25 @@ def test_a_ctrl_c_python_drops_in_a_finalizer_still_ends_the_front_door(capsys):
     assert went_on and capsys.readouterr().err == ""  # kept silent, raised as the block ends
 
 
+def hear_ctrl_c() -> None:
+    """Give the program Ctrl-C as a terminal would, even where pytest itself runs with SIGINT ignored (a
+    background job of a non-interactive shell, `nohup ... &`), which a child would otherwise inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_torch_loads_ends_in_one_line(tmp_path):
     maps = Path("/proc/self/maps")
     if not maps.exists():
         pytest.skip("needs /proc to see when torch starts loading")
     argv = [sys.executable, "-m", "snapeval", f"run.db={tmp_path / 'db.sqlite'}", "run.limit=1"]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=hear_ctrl_c,
+    )
     deadline = time.monotonic() + 60
     while process.poll() is None and time.monotonic() < deadline:
         if "libtorch" in Path(f"/proc/{process.pid}/maps").read_text():
