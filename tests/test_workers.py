@@ -261,13 +261,13 @@ def test_four_workers_on_one_sqlite_point_split_it_without_locks_or_duplicates(t
 def test_sharded_sweep_with_the_joblib_launcher_on_postgresql_then_resume(postgres_url, tmp_path):
     sweep = [
         sys.executable, "-m", "snapeval", "-m", *SMALL, "run.limit=4", "run.shard=0/2,1/2",
-        "cache=full,snapstream", "cache.budget=112", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4",
+        "cache=full,snapstream", "cache.budget=112", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
         f'run.db="{postgres_url}"',
     ]  # fmt: skip
     first = subprocess.run(sweep, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert (
         first.returncode == 0 and "[sweep] 2 points, 0 failed" in first.stdout
-    )  # 4 jobs, 2 points, first.stderr[-2000:]
+    )  # 4 jobs (2 points x 2 shards) on 2 processes, first.stderr[-2000:]
     summary = subprocess.run(
         [sys.executable, "-m", "snapeval.results", "summary", "--db", postgres_url],
         capture_output=True,
