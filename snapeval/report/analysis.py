@@ -70,14 +70,15 @@ def compare(setting: Setting, full: Setting | None, targets: tuple[float, ...]) 
     method = [scores[i] for i in paired]
     base = [reference[i] for i in paired]
     bounds = {target: paired_bootstrap_lower_bound(method, base, ratio=target) for target in targets}
+    rows = list(zip(_rows(setting, paired), _rows(full, paired), strict=True))
     return Comparison(
         setting=setting,
         paired=len(paired),
         full_accuracy=sum(base) / len(base),
         retention=paired_retention(method, base),
         bounds=bounds,
-        kv_ratio=_kv_ratio(setting, full, paired),
-        flips=_flips(setting, full, paired),
+        kv_ratio=_kv_ratio(rows),
+        flips=_flips(rows),
     )
 
 
@@ -99,12 +100,15 @@ def _rows(setting: Setting, ids: list[str]) -> list[dict[str, Any]]:
     return [by_id[sample_id] for sample_id in ids]
 
 
-def _kv_ratio(setting: Setting, full: Setting, paired: list[str]) -> float:
+Pairs = list[tuple[dict[str, Any], dict[str, Any]]]  # (the method's row, the full cache's) per sample
+
+
+def _kv_ratio(rows: Pairs) -> float:
     """Mean KV bytes the method's samples held over the full cache's, on the paired samples that stored
     both (NaN where none did)."""
     pairs = [
         (mine["kv_bytes"], theirs["kv_bytes"])
-        for mine, theirs in zip(_rows(setting, paired), _rows(full, paired), strict=True)
+        for mine, theirs in rows
         if mine["kv_bytes"] and theirs["kv_bytes"]
     ]
     if not pairs:
@@ -112,7 +116,7 @@ def _kv_ratio(setting: Setting, full: Setting, paired: list[str]) -> float:
     return sum(mine for mine, _ in pairs) / sum(theirs for _, theirs in pairs)
 
 
-def _flips(setting: Setting, full: Setting, paired: list[str]) -> tuple[Flip, ...]:
+def _flips(rows: Pairs) -> tuple[Flip, ...]:
     """The paired samples whose scores differ, those the method lost first, then those it gained."""
     flips = [
         Flip(
@@ -124,7 +128,7 @@ def _flips(setting: Setting, full: Setting, paired: list[str]) -> tuple[Flip, ..
             output=mine["output"] or "",
             kept_histogram=extra_field(mine, "kept_histogram"),
         )
-        for mine, theirs in zip(_rows(setting, paired), _rows(full, paired), strict=True)
+        for mine, theirs in rows
         if mine["score"] != theirs["score"]
     ]
     return tuple(sorted(flips, key=lambda flip: flip.score > flip.full_score))
