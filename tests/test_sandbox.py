@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import snapeval
 from snapeval import sandbox
 from snapeval.errors import SnapevalError
 from snapeval.sandbox import SandboxLimits, cgroups, execution, probe, run_program
@@ -34,12 +36,24 @@ protects_files = pytest.mark.skipif(
 
 
 def make_venv(path: Path) -> Path:
-    """A real virtual environment at ``path`` on this interpreter (its packages, snapeval among them,
-    through ``--system-site-packages``); returns its ``python``."""
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(path)], check=True
-    )
-    return path / "bin" / "python"
+    """A real virtual environment at ``path`` that sees this interpreter's packages, snapeval among them,
+    however they were installed (a venv, conda, the system's; editable or not); returns its ``python``.
+
+    ``--system-site-packages`` would not do: from a venv's python it gives the base interpreter's
+    packages. A ``.pth`` file adds snapeval's folder and this interpreter's site-packages, the latter
+    through ``site.addsitedir`` so that their own ``.pth`` files (editable installs' hooks) run too."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    folders = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    hook = f"{Path(snapeval.__file__).parents[1]}\nimport site; list(map(site.addsitedir, {folders!r}))\n"
+    (Path(purelib) / "_snapeval_test_parent.pth").write_text(hook)
+    return python
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +68,12 @@ def tmp_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(params=["harness", "tmp-venv"])
 def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Run the test with the harness's own interpreter, then as if snapeval ran from a venv under /tmp
-    (its ``sys.executable`` and prefixes: what the sandbox reads to bind the interpreter)."""
+    (its ``sys.executable`` and ``sys.prefix``: what the sandbox reads to bind the interpreter; the
+    harness's ``sys.exec_prefix`` stays, as the sandbox must bind it too: the venv's packages are its)."""
     if request.param == "tmp-venv":
         python = request.getfixturevalue("tmp_venv")
         monkeypatch.setattr(sys, "executable", str(python))
         monkeypatch.setattr(sys, "prefix", str(python.parents[1]))
-        monkeypatch.setattr(sys, "exec_prefix", str(python.parents[1]))
     sandbox.isolation.cache_clear()
     yield request.param
     sandbox.isolation.cache_clear()
