@@ -5,6 +5,7 @@ that moved is named in one line with the installed version and the range."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,15 @@ def test_the_installed_version_is_inside_the_tested_range(package):
         pytest.skip(f"{package} is not installed")
     low, high = TESTED[package]
     assert Version(low) <= Version(version) <= Version(high), f"{package} {version}: tested {low}-{high}"
+
+
+def test_the_transformers_script_refuses_a_version_that_is_a_path_before_touching_the_disk():
+    project = PYPROJECT.parent
+    made = [project / ".venv-transformers-..", project.parent / "escape"]
+    assert not any(path.exists() for path in made)
+    done = subprocess.run(
+        [project / "scripts" / "test-transformers", "../../../escape"], capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("error: version: '../../../escape'") and done.stderr.count("\n") == 1
+    assert not any(path.exists() for path in made)
