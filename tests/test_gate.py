@@ -49,21 +49,23 @@ def db(tmp_path) -> str:
 
 
 def test_a_gate_is_judged_on_paired_samples_only(db):
+    """18 of the 20 paired samples kept: the lower bound solves p**20 + 20 p**19 (1 - p) + 190 p**18
+    (1 - p)**2 = 0.05, p = 0.717; the 5 unpaired full-cache samples are not counted."""
     with ResultsDB(db) as results:
         verdict = judge(Gate.from_spec(gate_spec(min_retained=0.5), "test"), results)
     assert (verdict.n, verdict.full_accuracy, verdict.compressed_accuracy) == (20, 1.0, 0.9)
-    assert verdict.retained == pytest.approx(0.9)
-    assert 0 < verdict.lower_bound < 0.9 - 0.5 and verdict.passed
+    assert verdict.bounds.ratio == pytest.approx(0.9)
+    assert verdict.bounds.lower == pytest.approx(0.7174, abs=1e-4) and verdict.passed
 
 
 @pytest.mark.parametrize(
     ("gate", "passed"),
     [
         (gate_spec(min_retained=0.0), True),
-        (gate_spec(min_retained=1.5), False),
+        (gate_spec(min_retained=1.5), False),  # upper bound 0.988 / 0.025**(1/20) = 1.188 < 1.5: fail
         (gate_spec(min_retained=0.0, min_n=21), False),  # not enough paired samples
-        (gate_spec(min_retained=0.8), True),  # the bound is exactly 0
-        (gate_spec(min_retained=0.85), False),  # 0.9 retained, but not above 0.85 with 95% confidence
+        (gate_spec(min_retained=0.7), True),  # the lower bound 0.717 reaches it
+        (gate_spec(min_retained=0.75), False),  # 0.9 retained, but open: not shown with 95% confidence
     ],
 )
 def test_gate_verdicts(gate, passed, db):
@@ -79,8 +81,26 @@ def test_cli_exits_non_zero_on_any_failed_gate(db, tmp_path, capsys):
     assert main(["--spec", str(both), "--db", db, "--no-run"]) == 1
     printed = capsys.readouterr().out
     assert "PASS loose" in printed and "FAIL impossible" in printed
-    assert "95% lower bound of compressed - 1.5 x full: -0.700 (required >= 0)" in printed
+    assert "95% bounds of the retention: [0.717, 1.188] (the lower one required >= 1.5): fail" in printed
     assert printed.rstrip().endswith("1 of 2 gates passed")
+
+
+def test_ten_samples_cannot_show_095_retention(tmp_path, capsys):
+    """10 of 10 kept: the lower bound is 0.05**(1/10) = 0.741, and a record without a loss needs 59
+    (0.95**59 = 0.0485 <= 0.05): the gate fails and says why, whatever the samples."""
+    url = database_url(tmp_path / "ten.sqlite")
+    spec = gate_spec("ten", min_retained=0.95, min_n=10)
+    full, compressed = Gate.from_spec(spec, "test").configs(url)
+    store(url, full, [1.0] * 10)
+    store(url, compressed, [1.0] * 10)
+    assert main(["--spec", str(write_spec(tmp_path / "ten.yaml", spec)), "--db", url, "--no-run"]) == 1
+    printed = capsys.readouterr().out
+    assert "FAIL ten: retained 1.000 of the full accuracy (required 0.95)" in printed
+    assert "95% bounds of the retention: [0.741, 1.446] (the lower one required >= 0.95): too few" in printed
+    assert (
+        "    undecided: n = 10 cannot show 0.95 retention (needs >= 59 samples the full cache gets right, "
+        "with no loss; has 10)\n" in printed
+    )
 
 
 def test_cli_fails_a_gate_without_stored_samples(tmp_path, capsys):

@@ -30,12 +30,13 @@ from snapeval.report.document import (
     interval,
 )
 from snapeval.results import ResultsDB, database_url, identity
-from snapeval.stats import mean_ci, paired_bootstrap_lower_bound, paired_retention
+from snapeval.stats import mean_ci, retention
 
 PASSKEY = ["model=llama-3.1-8b-instruct", "task=ruler_passkey", "task.context_length=1024"]
 N = 100
 FULL = [1.0] * 98 + [0.0] * 2  # wrong on passkey-98 and passkey-99
-#: SnapStream 256 loses passkey-5 and gains passkey-98: retention 1, meets 0.95 but not 0.99.
+#: SnapStream 256 loses passkey-5 and gains passkey-98: retention 1, keeps 97 of the 98 the full cache gets
+#: right (lower bound 0.953: p**98 + 98 p**97 (1 - p) = 0.05), shows 0.95; 0.99 needs 299 kept of 299.
 SNAPSTREAM = {
     128: [1.0] * 80 + [0.0] * 20,
     256: [1.0 if i != 5 else 0.0 for i in range(98)] + [1.0, 0.0],
@@ -142,21 +143,20 @@ def text(cell) -> str:
 LLAMA_1024 = "llama-3.1-8b-instruct · ruler_passkey (task.context_length=1024)"
 
 
-def test_retention_and_its_interval_are_the_paired_ones(document):
+def test_retention_and_its_bounds_are_the_paired_ones(document):
     accuracy = tables(document, LLAMA_1024)[0]
+    assert accuracy.header[5:8] == ("Retention [95% bounds]", "Keeps 0.95", "Keeps 0.99")
     row = row_of(accuracy, "SnapStream 256")
     method = SNAPSTREAM[256]
-    expected = (
-        str(N),
-        interval(*mean_ci(method)),
-        str(N),
-        "0.980",
-        interval(*paired_retention(method, FULL)),
-    )
+    bounds = retention(method, FULL)
+    assert (bounds.ratio, bounds.lower, bounds.evidence) == (1.0, pytest.approx(0.9525, abs=1e-4), 98)
+    # upper: 98 of 100 right, 0.9976 at 97.5%, over the full cache's lower bound 0.9296: 1.073
+    expected = (str(N), interval(*mean_ci(method)), str(N), "0.980", "1.000 [0.953, 1.073]")
     assert row[1:6] == expected
-    bound = paired_bootstrap_lower_bound(method, FULL, ratio=0.95)
-    assert bound >= 0 and row[6] == Mark(f"yes ({bound:+.3f})", "pass")
-    assert text(row[7]).startswith("no (") and row[7].tone == "fail"
+    assert row[6:8] == (Mark("yes", "pass"), Mark("too few (needs 299)", "muted"))  # 0.99**299 = 0.0495
+    # SnapKV 256 keeps 90 of 98: [0.858, 1.023] holds 0.95 (open); SnapKV 128 keeps 60: [0.524, 0.749]
+    assert row_of(accuracy, "SnapKV 256")[6] == Mark("open", "muted")
+    assert row_of(accuracy, "SnapKV 128")[6] == Mark("no", "fail")
     assert row_of(accuracy, "Full cache")[5] == "reference"
 
 
@@ -165,22 +165,61 @@ def decision_row(document, method: str, settings: str) -> tuple:
     return next(r for r in decisions.rows if r[3] == method and r[2] == settings)
 
 
-def test_the_smallest_passing_budget_per_target_or_none(document):
+TOO_FEW_099 = (
+    "undecided: n = 100 cannot show 0.99 retention (needs >= 299 samples the full cache gets right, with no "
+    "loss; has 98)"
+)
+
+
+def test_the_smallest_budget_shown_to_keep_each_target_or_why_none(document):
     snapstream = decision_row(document, "SnapStream", "task.context_length=1024")
-    assert [text(cell).split(" (")[0] for cell in snapstream[5:]] == ["256", "512"]
+    assert [text(cell) for cell in snapstream[5:]] == ["256 (retention 1.000)", TOO_FEW_099]
+    assert [cell.tone for cell in snapstream[5:]] == ["pass", "muted"]
     snapkv = decision_row(document, "SnapKV", "task.context_length=1024")
-    assert all(text(cell).startswith("none of the measured budgets") for cell in snapkv[5:])
+    assert snapkv[5] == Mark("none of the measured budgets (largest 256: 0.918)", "fail")  # open at 0.95
+    assert text(snapkv[6]) == TOO_FEW_099
     unpaired = decision_row(document, "SnapKV", "task.context_length=2048")
     assert unpaired[4] == "not stored" and "no full-cache run" in text(unpaired[5])
 
 
 def test_other_targets_move_the_decision(db_url):
+    """SnapStream 128 keeps 80 of 98: lower bound 0.740, so 0.7 is shown and 0.8 is not (open)."""
     with ResultsDB(db_url) as db:
-        document = build_report(db, (0.75, 0.8), figures=False)
+        document = build_report(db, (0.7, 0.8), figures=False)
     [decisions] = tables(document, "Decision")
-    assert decisions.header[-2:] == ("Retention 0.75", "Retention 0.8")
+    assert decisions.header[-2:] == ("Retention 0.7", "Retention 0.8")
     row = decision_row(document, "SnapStream", "task.context_length=1024")
     assert [text(cell).split(" (")[0] for cell in row[5:]] == ["128", "256"]
+    row = decision_row(document, "SnapKV", "task.context_length=1024")  # 256: lower bound 0.858
+    assert [text(cell).split(" (")[0] for cell in row[5:]] == ["256", "256"]
+
+
+def test_the_decision_descends_from_the_largest_budget_and_says_when_n_is_too_small(tmp_path):
+    """SnapStream 128 keeps all 100 samples (lower bound 0.05**(1/100) = 0.970) but 256 keeps half: the
+    descent from 512 stops at 256, so 512 is named. SnapKV 256 keeps its 10 samples: a record without a
+    loss needs 59 (0.95**59 = 0.0485 <= 0.05)."""
+    url = database_url(tmp_path / "small.sqlite")
+    with ResultsDB(url) as db:
+        store(db, [*PASSKEY, "cache=full"], [1.0] * N)
+        for budget, scores in {128: [1.0] * N, 256: [1.0, 0.0] * (N // 2), 512: [1.0] * N}.items():
+            store(db, [*PASSKEY, "cache=snapstream", f"cache.budget={budget}"], scores)
+        store(db, [*PASSKEY, "cache=snapkv", "cache.budget=256"], [1.0] * 10)
+        document = build_report(db, (0.95,), figures=False)
+    accuracy = tables(document, "llama-3.1-8b-instruct · ruler_passkey")[0]
+    keeps = {
+        label: row_of(accuracy, label)[6] for label in ("SnapStream 128", "SnapStream 256", "SnapKV 256")
+    }
+    assert keeps == {
+        "SnapStream 128": Mark("yes", "pass"),
+        "SnapStream 256": Mark("no", "fail"),
+        "SnapKV 256": Mark("too few (needs 59)", "muted"),
+    }
+    assert decision_row(document, "SnapStream", "-")[5] == Mark("512 (retention 1.000)", "pass")
+    assert decision_row(document, "SnapKV", "-")[5] == Mark(
+        "undecided: n = 10 cannot show 0.95 retention (needs >= 59 samples the full cache gets right, with "
+        "no loss; has 10)",
+        "muted",
+    )
 
 
 def test_flipped_samples_lost_first_with_their_kept_histogram(document):
@@ -269,21 +308,30 @@ def test_the_markdown_report_has_the_same_numbers_and_no_html(db_url, tmp_path, 
         in markdown
     )
     assert f"| SnapStream 256 | {N} | {interval(*mean_ci(SNAPSTREAM[256]))} |" in markdown
-    assert "| **256 (retention 1.000)** | **512 (retention 1.000)** |" in markdown
+    assert f"| **256 (retention 1.000)** | {TOO_FEW_099} |" in markdown
     assert "| passkey-5 | 1 → 0 | 5 | The answer is 5 | The answer is unknown | █▁·▂·▂·▁▄█ |" in markdown
     assert "## llama-3.1-8b-instruct · ruler_passkey (task.context_length=1024)" in markdown
 
 
 def test_gate_verdicts_on_the_stored_samples(db_url, tmp_path):
+    """19 of 20 kept: lower bound 0.784 (p**20 + 20 p**19 (1 - p) = 0.05), so 0.75 passes, 0.8 is open
+    (upper bound 1.201) and 1.0 can be shown by no finite sample."""
     spec = tmp_path / "gates.yaml"
+    loose = {**SMOKE_GATE, "name": "loose", "min_retained": 0.75}
     strict = {**SMOKE_GATE, "name": "strict", "min_retained": 1.0}
-    spec.write_text(yaml.safe_dump([SMOKE_GATE, strict]))
+    spec.write_text(yaml.safe_dump([loose, SMOKE_GATE, strict]))
     with ResultsDB(db_url) as db:
         document = build_report(db, (0.95,), figures=False, gates=load_gates(spec))
     [verdicts] = tables(document, "Accuracy gates")
-    passed = row_of(verdicts, "passkey-smoke")
-    assert passed[1:3] == (Mark("PASS", "pass"), "20 (min 20)") and passed[6] == "+0.050"
-    assert row_of(verdicts, "strict")[1] == Mark("FAIL", "fail")
+    assert verdicts.header[5:7] == ("Retained", "95% lower bound")
+    passed = row_of(verdicts, "loose")
+    assert passed[1:3] == (Mark("PASS", "pass"), "20 (min 20)")
+    assert passed[5:7] == ("0.950 (required 0.75)", "0.784 (pass)")
+    assert [row_of(verdicts, name)[1] for name in ("passkey-smoke", "strict")] == [Mark("FAIL", "fail")] * 2
+    assert [row_of(verdicts, name)[6] for name in ("passkey-smoke", "strict")] == [
+        "0.784 (open)",
+        "0.784 (too few)",
+    ]
 
 
 @pytest.mark.parametrize(
