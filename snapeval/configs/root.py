@@ -26,6 +26,7 @@ from snapeval.configs.methods import METHODS, parameter_names
 from snapeval.configs.model import ModelConfig
 from snapeval.configs.task import SCHEMAS, TaskConfig
 from snapeval.errors import SnapevalError
+from snapeval.stats import STAGE_CONFIDENCE, samples_needed
 
 DEFAULT_DB = "results/snapeval.sqlite"
 """Where results go unless ``run.db`` (or ``$SNAPEVAL_DB``) says otherwise."""
@@ -114,9 +115,15 @@ class SearchConfig(Checked):
     method: str = setting("snapstream", check=budgeted_method, help="a method that takes a budget")
     target: float = setting(0.95, check=number(0, 1, low_open=True), help="retention to keep")
     budgets: list[int] = setting([128, 256, 512, 1024], help="the coarse ladder, evaluated first")
-    resolution: int = setting(32, check=integer(), help="bisect until passing and failing are this close")
-    min_samples: int = setting(10, check=integer(), help="samples per budget at first")
-    max_samples: int = setting(80, check=integer(high=MAX_REQUESTS), help="at most, per budget")
+    resolution: int = setting(
+        32, check=integer(), help="the grid between the ladder's budgets, tested at last"
+    )
+    min_samples: int = setting(
+        10, check=integer(), help="samples per budget at first, at least what the target needs"
+    )
+    max_samples: int = setting(
+        100, check=integer(high=MAX_REQUESTS), help="at most, per budget: a pass needs them all"
+    )
     params: dict[str, Any] = setting({}, help="the method's other parameters, fixed")
     compare: bool = setting(False, check=boolean, help="also the exhaustive grid, and the samples ratio")
 
@@ -131,6 +138,13 @@ class SearchConfig(Checked):
         if self.min_samples > self.max_samples:
             message = f"must be at most search.max_samples = {self.max_samples}, got {self.min_samples}"
             raise SnapevalError(message, "search.min_samples")
+        needed = samples_needed(self.target, STAGE_CONFIDENCE)
+        if self.max_samples < needed:
+            message = (
+                f"{self.max_samples} samples cannot show {self.target:g} retention: a search needs "
+                f">= {needed:g} the full cache gets right, with no loss ({STAGE_CONFIDENCE:.1%} a stage)"
+            )
+            raise SnapevalError(message, "search.max_samples")
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The numbers of the report: each compressed setting against the full cache on the same samples (paired
-retention and its interval, the gate's lower bound per retention target), the samples that flipped, and
-per series the smallest budget that meets each target."""
+retention and its bounds, the gate's verdict per retention target), the samples that flipped, and per
+series the smallest budget shown to keep each target (fixed-sequence testing from the largest budget down,
+:func:`snapeval.stats.smallest_kept`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from snapeval.report.data import Series, Setting
-from snapeval.stats import mean_ci, paired_bootstrap_lower_bound, paired_retention
+from snapeval.stats import Retention, mean_ci, retention, smallest_kept
 
 NAN3 = (math.nan, math.nan, math.nan)
 
@@ -29,25 +30,32 @@ class Flip:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A compressed setting against the full cache on the samples both stored (``paired`` of them):
-    retention ``(ratio, low, high)`` and, per target, the one-sided 95% lower bound of
-    ``mean(method) - target * mean(full)`` (the target is met when it is >= 0)."""
+    """A compressed setting against the full cache on the samples both stored (``paired`` of them): the
+    retention's one-sided 95% bounds (:func:`snapeval.stats.retention`; None without a paired sample)."""
 
     setting: Setting
     paired: int
     full_accuracy: float
-    retention: tuple[float, float, float]
-    bounds: dict[float, float]
+    bounds: Retention | None
     kv_ratio: float
     flips: tuple[Flip, ...]
 
+    @property
+    def retention(self) -> tuple[float, float, float]:
+        """``(ratio, lower, upper)``."""
+        return (self.bounds.ratio, self.bounds.lower, self.bounds.upper) if self.bounds else NAN3
+
+    def verdict(self, target: float) -> str:
+        """``pass``, ``fail``, ``open`` or ``too few`` (nothing paired is too few)."""
+        return self.bounds.verdict(target) if self.bounds else "too few"
+
     def meets(self, target: float) -> bool:
-        return self.paired > 0 and self.bounds[target] >= 0
+        return self.verdict(target) == "pass"
 
 
 @dataclass(frozen=True)
 class Decision:
-    """The smallest setting of a series that meets ``target`` (None: none of the measured budgets)."""
+    """The smallest setting of a series shown to keep ``target`` (None: none of the measured budgets)."""
 
     series: Series
     target: float
@@ -60,33 +68,30 @@ def accuracy_interval(setting: Setting) -> tuple[float, float, float]:
     return mean_ci(setting.scores().values())
 
 
-def compare(setting: Setting, full: Setting | None, targets: tuple[float, ...]) -> Comparison:
+def compare(setting: Setting, full: Setting | None) -> Comparison:
     """``setting`` against ``full`` on the sample ids both scored."""
     scores, reference = setting.scores(), full.scores() if full else {}
     paired = [sample_id for sample_id in scores if sample_id in reference]
     if not paired:
-        nan = dict.fromkeys(targets, math.nan)
-        return Comparison(setting, 0, math.nan, NAN3, nan, math.nan, ())
+        return Comparison(setting, 0, math.nan, None, math.nan, ())
     method = [scores[i] for i in paired]
     base = [reference[i] for i in paired]
-    bounds = {target: paired_bootstrap_lower_bound(method, base, ratio=target) for target in targets}
     rows = list(zip(_rows(setting, paired), _rows(full, paired), strict=True))
     return Comparison(
         setting=setting,
         paired=len(paired),
         full_accuracy=sum(base) / len(base),
-        retention=paired_retention(method, base),
-        bounds=bounds,
+        bounds=retention(method, base),
         kv_ratio=_kv_ratio(rows),
         flips=_flips(rows),
     )
 
 
 def decide(series: Series, comparisons: dict[str, Comparison], target: float) -> Decision:
-    """The first (smallest) setting of ``series`` whose comparison meets ``target``."""
+    """The smallest setting of ``series`` (in budget order) that keeps ``target`` with every larger one."""
     measured = tuple(comparisons[s.digest] for s in series.settings)
-    passing = next((c for c in measured if c.meets(target)), None)
-    return Decision(series, target, passing, measured)
+    kept = smallest_kept({index: comparison.verdict(target) for index, comparison in enumerate(measured)})
+    return Decision(series, target, None if kept is None else measured[kept], measured)
 
 
 def extra_field(row: dict[str, Any], key: str) -> Any:

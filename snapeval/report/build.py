@@ -4,6 +4,7 @@ gates' verdicts when asked, then a section per experiment."""
 from __future__ import annotations
 
 import importlib.metadata
+import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -22,7 +23,6 @@ from snapeval.report.document import (
     Table,
     interval,
     number,
-    signed,
 )
 from snapeval.report.experiment import Analysis, analyse, decision_cell, experiment_blocks
 from snapeval.results import ResultsDB
@@ -71,9 +71,11 @@ def _header(db: ResultsDB, targets: tuple[float, ...], figures: bool) -> list[Bl
             f"commit {commit[:12] if commit else 'not available (no git checkout)'}."
         ),
         Paragraph(
-            "Retention is a method's accuracy over the full cache's on the same samples, with its 95% paired "
-            "bootstrap interval. A budget meets a retention target t when the one-sided 95% lower bound of "
-            "mean(method) - t x mean(full) over the paired samples is >= 0 (the rule of snapeval.gate). "
+            "Retention is a method's accuracy over the full cache's on the same samples, with its one-sided "
+            "95% bounds (exact for 0/1 scores). A budget keeps a retention target t when the lower bound "
+            "reaches t (the rule of snapeval.gate); the smallest budget named keeps t with every larger one, "
+            "tested from the largest down (at most 5% of such names are wrong). Too few samples to show t "
+            "are said as such. "
             f"Targets: {', '.join(f'{t:g}' for t in targets)}."
         ),
     ]
@@ -106,7 +108,7 @@ def _decisions(analyses: list[Analysis], targets: tuple[float, ...]) -> list[Blo
         *(f"Retention {t:g}" for t in targets),
     )
     return [
-        Heading(2, "Decision: the smallest budget meeting each retention target", "decision"),
+        Heading(2, "Decision: the smallest budget shown to keep each retention target", "decision"),
         Table(header, tuple(rows)),
     ]
 
@@ -119,13 +121,22 @@ def _gate_blocks(verdicts: list[Verdict]) -> list[Block]:
             f"{v.n} (min {v.gate.min_n})",
             number(v.full_accuracy),
             number(v.compressed_accuracy),
-            f"{number(v.retained)} (required {v.gate.min_retained:g})",
-            signed(v.lower_bound),
+            f"{number(v.bounds.ratio if v.bounds else math.nan)} (required {v.gate.min_retained:g})",
+            f"{number(v.bounds.lower)} ({v.verdict})" if v.bounds else "-",
             " ".join(v.gate.cache),
         )
         for v in verdicts
     )
-    header = ("Gate", "Verdict", "Paired n", "Full acc.", "Compressed acc.", "Retained", "95% LB", "Cache")
+    header = (
+        "Gate",
+        "Verdict",
+        "Paired n",
+        "Full acc.",
+        "Compressed acc.",
+        "Retained",
+        "95% lower bound",
+        "Cache",
+    )
     passed = sum(v.passed for v in verdicts)
     return [
         Heading(2, "Accuracy gates", "gates"),

@@ -1,5 +1,6 @@
 """The report's figure per experiment: accuracy and paired retention against KV budget, a line per series
-with its 95% interval, over the full cache's accuracy and the retention targets; drawn as SVG."""
+with its 95% interval (retention: its one-sided 95% bounds), over the full cache's accuracy and the
+retention targets; drawn as SVG."""
 
 from __future__ import annotations
 

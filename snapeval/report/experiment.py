@@ -21,7 +21,6 @@ from snapeval.report.document import (
     interval,
     number,
     shortened,
-    signed,
 )
 from snapeval.report.provenance import provenance_blocks
 from snapeval.results.summary import summary_of
@@ -41,7 +40,7 @@ class Analysis:
 def analyse(experiment: Experiment, targets: tuple[float, ...]) -> Analysis:
     """Every compressed setting against the full cache, and the decision per series and target."""
     comparisons = {
-        setting.digest: compare(setting, experiment.full, targets)
+        setting.digest: compare(setting, experiment.full)
         for series in experiment.series
         for setting in series.settings
     }
@@ -50,11 +49,14 @@ def analyse(experiment: Experiment, targets: tuple[float, ...]) -> Analysis:
 
 
 def decision_cell(decision: Decision) -> Cell:
-    """The smallest budget meeting the target with its retention, or that none of the measured did."""
+    """The smallest budget shown to keep the target with its retention, or why none is."""
     if not any(comparison.paired for comparison in decision.measured):
         return Mark("no full-cache run of the same samples stored", "muted")
     if decision.passing is None:
         largest = decision.measured[-1]
+        shortfall = largest.bounds.shortfall(decision.target) if largest.bounds else None
+        if shortfall:
+            return Mark(f"undecided: {shortfall}", "muted")
         return Mark(
             f"{NONE_PASSES} (largest {largest.setting.size_label}: {number(largest.retention[0])})", "fail"
         )
@@ -82,7 +84,7 @@ def experiment_blocks(
         if svg is not None:
             caption = (
                 "Accuracy (left; the full cache dashed, with its 95% band) and retention over the full cache "
-                "on the same samples (right; the targets dotted), each with its 95% interval."
+                "on the same samples (right; the targets dotted), with its one-sided 95% bounds."
             )
             blocks.append(
                 Figure(svg, f"Accuracy and paired retention against KV budget, {experiment.title}", caption)
@@ -92,11 +94,12 @@ def experiment_blocks(
         Heading(3, "Accuracy and retention"),
         _accuracy_table(experiment, analysis.comparisons, targets),
         Paragraph(
-            "Meets t: the one-sided 95% lower bound (LB) of mean(method) - t x mean(full) on the paired "
-            "samples is >= 0. KV MiB and decode tokens/s as the runs measured them.",
+            "Keeps t: yes when the one-sided 95% lower bound of the retention reaches t, no when its upper "
+            "bound is below t, open otherwise; too few when even no loss on these samples could not show t. "
+            "KV MiB and decode tokens/s as the runs measured them.",
             note=True,
         ),
-        Heading(3, "Smallest budget meeting each retention target"),
+        Heading(3, "Smallest budget shown to keep each retention target"),
         _decision_table(analysis, targets),
         *capacity_blocks(experiment, analysis.decisions),
         *_trace_blocks(experiment),
@@ -122,8 +125,8 @@ def _accuracy_table(
         "Accuracy [95% CI]",
         "Paired n",
         "Full acc. (paired)",
-        "Retention [95% CI]",
-        *(f"Meets {t:g} (LB)" for t in targets),
+        "Retention [95% bounds]",
+        *(f"Keeps {t:g}" for t in targets),
         "KV MiB",
         "Decode tok/s",
     )
@@ -158,8 +161,9 @@ def _setting_cells(
 def _meets(comparison: Comparison, target: float) -> Cell:
     if not comparison.paired:
         return Mark("no paired sample", "muted")
-    bound = signed(comparison.bounds[target])
-    return Mark(f"yes ({bound})", "pass") if comparison.meets(target) else Mark(f"no ({bound})", "fail")
+    verdict = comparison.verdict(target)
+    marks = {"pass": ("yes", "pass"), "fail": ("no", "fail"), "open": ("open", "muted")}
+    return Mark(*marks.get(verdict, (f"too few (needs {comparison.bounds.needed(target):g})", "muted")))
 
 
 def _decision_table(analysis: Analysis, targets: tuple[float, ...]) -> Table:

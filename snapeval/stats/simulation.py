@@ -1,0 +1,134 @@
+"""How often the decisions are wrong, by simulation: paired scores drawn from a known truth, judged by the
+project's own rule (:func:`snapeval.stats.retention`), ladder (:func:`snapeval.stats.smallest_kept`) and
+budget search (:func:`snapeval.search.search`).
+
+The truth: the full cache is right with probability ``full_accuracy``; on a sample it got right the method
+keeps the answer with probability ``keep``; on one it missed the method is right with probability ``gain``.
+True retention is ``keep + gain * (1 - full_accuracy) / full_accuracy``. Across budgets one uniform draw per
+sample decides every budget (kept where the draw is below the budget's ``keep``), so a larger budget keeps
+what a smaller one kept, as the same prompts do under a growing cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from snapeval.stats.ladder import smallest_kept
+from snapeval.stats.retention import CONFIDENCE, retention
+
+
+def true_retention(full_accuracy: float, keep: float, gain: float = 0.0) -> float:
+    """The retention that ``keep`` and ``gain`` give at ``full_accuracy``."""
+    return keep + gain * (1 - full_accuracy) / full_accuracy
+
+
+def draws(
+    rng: np.random.Generator, trials: int, n: int, full_accuracy: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per trial and sample: whether the full cache is right, and the uniform draw that decides the method."""
+    return rng.random((trials, n)) < full_accuracy, rng.random((trials, n))
+
+
+def method_scores(full: np.ndarray, draw: np.ndarray, keep: float, gain: float = 0.0) -> np.ndarray:
+    """The method's 0/1 scores at a budget that keeps ``keep`` and gains ``gain``."""
+    return np.where(full, draw < keep, draw < gain).astype(float)
+
+
+def pass_rate(
+    n: int,
+    full_accuracy: float,
+    keep: float,
+    target: float,
+    trials: int,
+    seed: int,
+    gain: float = 0.0,
+    confidence: float = CONFIDENCE,
+) -> float:
+    """The share of ``trials`` in which ``n`` paired samples pass ``target``."""
+    full, draw = draws(np.random.default_rng(seed), trials, n, full_accuracy)
+    method = method_scores(full, draw, keep, gain)
+    passed = [
+        retention(m, f.astype(float), confidence).verdict(target) == "pass"
+        for m, f in zip(method, full, strict=True)
+    ]
+    return float(np.mean(passed))
+
+
+def ladder_error_rate(
+    n: int, full_accuracy: float, keeps: Sequence[float], target: float, trials: int, seed: int
+) -> float:
+    """The share of ``trials`` in which the report's decision over a ladder of budgets (one ``keep`` per
+    budget, ascending) names a budget whose true retention is at most ``target``."""
+    full, draw = draws(np.random.default_rng(seed), trials, n, full_accuracy)
+    wrong = 0
+    for f, d in zip(full, draw, strict=True):
+        verdicts = {
+            index: retention(method_scores(f, d, keep), f.astype(float)).verdict(target)
+            for index, keep in enumerate(keeps)
+        }
+        named = smallest_kept(verdicts)
+        wrong += named is not None and keeps[named] <= target
+    return wrong / trials
+
+
+def search_error_rate(
+    search: Callable[[Any, Callable], Any],
+    settings: Any,
+    keep_at: Callable[[int], float],
+    full_accuracy: float,
+    trials: int,
+    seed: int,
+) -> tuple[float, float]:
+    """The share of ``trials`` in which ``search(settings, evaluate)`` (:func:`snapeval.search.search`)
+    names a budget whose true retention (``keep_at(budget)``) is at most the target, and the mean samples
+    it spent."""
+    rng = np.random.default_rng(seed)
+    wrong, spent = 0, 0
+    for _ in range(trials):
+        [full], [draw] = draws(rng, 1, settings.max_samples, full_accuracy)
+
+        def evaluate(budgets: list[int], samples: int, full=full, draw=draw) -> dict[int, tuple[list, list]]:
+            reference = full[:samples].astype(float).tolist()
+            return {
+                b: (method_scores(full[:samples], draw[:samples], keep_at(b)).tolist(), reference)
+                for b in budgets
+            }
+
+        decision = search(settings, evaluate)
+        wrong += decision.budget is not None and keep_at(decision.budget) <= settings.target
+        spent += decision.samples_spent
+    return wrong / trials, spent / trials
+
+
+def exact_pass_probability(n: int, full_accuracy: float, keep: float, target: float) -> float:
+    """The chance that ``n`` paired 0/1 samples pass ``target`` when the method gains nothing, summed over
+    every outcome (``m`` right under the full cache, ``k`` of them kept) rather than simulated."""
+    from scipy.stats import binom
+
+    total = 0.0
+    for right in range(n + 1):
+        kept = _fewest_kept_to_pass(right, n, target)
+        if kept is not None:
+            total += binom.pmf(right, n, full_accuracy) * binom.sf(kept - 1, right, keep)
+    return float(total)
+
+
+def _fewest_kept_to_pass(right: int, n: int, target: float) -> int | None:
+    """The fewest of ``right`` full-cache answers kept with which ``n`` samples pass ``target`` (None:
+    none)."""
+    full = [1.0] * right + [0.0] * (n - right)
+
+    def passes(kept: int) -> bool:
+        method = [1.0] * kept + [0.0] * (n - kept)
+        return retention(method, full).verdict(target) == "pass"
+
+    if right == 0 or not passes(right):
+        return None
+    low, high = 0, right  # passes(high); the lower bound grows with the answers kept
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if passes(middle) else (middle, high)
+    return high
