@@ -74,7 +74,7 @@ class Gate:
         for key, overrides in (("task", task), ("cache", cache)):
             if not isinstance(overrides, list) or not all(isinstance(item, str) for item in overrides):
                 raise SnapevalError(f"must be a list of Hydra overrides, got {overrides!r}", f"{where}.{key}")
-        pass  # broken
+        _check_sides(task, cache, where)
         if not _finite(min_retained) or min_retained < 0:  # NaN or inf: a gate that cannot fail, or pass
             message = f"must be a number >= 0 and finite, got {min_retained!r}"
             raise SnapevalError(message, f"{where}.min_retained")
