@@ -3,6 +3,8 @@
 - A :class:`~snapeval.errors.SnapevalError` ends a command in one line on stderr, ``error: <field>:
   <what>``, with exit code 2 (:data:`EXIT_BAD_INPUT`), never a traceback: :func:`one_line_errors`
   wraps a ``main``, :func:`report` prints one error.
+- A reader of standard output that stops early (``| head``) ends a command quietly (:func:`stdout_closed`),
+  with the exit code of a process that SIGPIPE ended, as Unix tools end.
 - ``--db`` (:func:`add_db_option`): the results database, a path or SQLAlchemy URL, else
   ``$SNAPEVAL_DB``, else ``results/snapeval.sqlite``. The commands that read it open it with
   :func:`open_existing`, which never creates a database, nor changes a file that is not one.
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
     from snapeval.results import ResultsDB
 
 EXIT_BAD_INPUT = 2
+EXIT_STDOUT_CLOSED = 128 + signal.SIGPIPE  # 141: what a shell shows for a process that SIGPIPE ended
 DB_OPTION = "--db"
 
 P = ParamSpec("P")
@@ -39,6 +44,15 @@ def report(error: SnapevalError) -> int:
     """Print ``error`` in one line on stderr; the exit code of bad input (2)."""
     print(error_line(error), file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def stdout_closed() -> int:
+    """After a BrokenPipeError on standard output: what is left to print goes nowhere (not even at
+    exit, where Python would flush it and print a traceback); the exit code of a SIGPIPE ending (141)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_STDOUT_CLOSED
 
 
 def one_line_errors(main: Callable[P, int]) -> Callable[P, int]:

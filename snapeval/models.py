@@ -13,6 +13,7 @@ import copy
 import functools
 import importlib.util
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +120,14 @@ def resolve_pretrained(pretrained: str) -> str:
     if scheme == ASSEMBLED_SCHEME:
         try:
             return str(Path(importlib.import_module(package).assemble()).parent)
+        except FileExistsError as exc:  # a file that is not the weights (a truncated copy) where they go
+            found = str(exc).split(" already exists")[0]
+            raise SnapevalError(
+                f"cannot assemble {package}'s weights: {found} is there but is not them (truncated or "
+                f"damaged); delete it (rm {shlex.quote(found)}) and run the command again, which assembles "
+                "it anew",
+                "model.pretrained",
+            ) from None
         except (ImportError, OSError, ValueError, AttributeError) as exc:
             raise SnapevalError(f"cannot assemble {package}'s weights: {exc}", "model.pretrained") from None
     return str(Path(next(iter(spec.submodule_search_locations))))

@@ -1,31 +1,38 @@
-"""Hostile inputs to the results database, the accuracy gate and the memory estimator: each ends in one
-line ``error: <field>: <what>`` with exit code 2 (or does what is documented), and where the input alone
-decides, before torch loads.
+"""Hostile inputs to the results database, the files the reading commands write, the accuracy gate and
+the memory estimator: each ends in one line ``error: <field>: <what>`` with exit code 2 (or does what is
+documented), and where the input alone decides, before torch loads.
 
 In-process through the commands' own entry points (:func:`snapeval.__main__.check_before_hydra`, the
-``main`` of ``snapeval.results``, ``snapeval.gate`` and ``snapeval.memory``); three subprocesses, in which
-``import torch`` fails, show the refusals come before torch. No test loads a model.
+``main`` of ``snapeval.results``, ``snapeval.report``, ``snapeval.figures``, ``snapeval.gate`` and
+``snapeval.memory``); three subprocesses, in which ``import torch`` fails, show the refusals come before
+torch, and one reads the first line of an export and closes the pipe. No test loads a model.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import pytest
 import yaml
 
+from snapeval import files
 from snapeval.__main__ import check_before_hydra
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
+from snapeval.figures.command import main as figures_main
 from snapeval.gate import main as gate_main
 from snapeval.memory import estimate, load_geometry, model_names
 from snapeval.memory.catalogue import model_aliases, model_source
 from snapeval.memory.cli import main as memory_main
 from snapeval.memory.point import run_memory_point
+from snapeval.report.__main__ import main as report_main
 from snapeval.results import DEFAULT_DB, ResultsDB, load_memory
 from snapeval.results.__main__ import main as results_main
 
@@ -332,3 +339,255 @@ def test_the_refusals_come_before_torch(tmp_path, foreign, torch_refused):
     assert result.stdout == f"{[2] * len(calls)}\n", result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == len(calls) and all(line.startswith("error: ") for line in lines), lines
+
+
+# --- 11: an output that is an input or a database ------------------------------------------------------
+
+
+def scored_db(path: Path) -> Path:
+    """A database with a full-cache run and a SnapKV run at budget 64, three scored samples each."""
+    with ResultsDB(path) as db:
+        for method, budget in (("full", None), ("snapkv", 64)):
+            cache = {"method": method, "budget": budget}
+            run_id = db.start_run({"model": {"name": "m"}, "task": {"name": "t"}, "cache": cache}, method)
+            for sample in range(3):
+                db.add_sample(run_id, method, {"sample_id": str(sample), "output": "o", "score": 1.0})
+            db.finish_run(run_id)
+    return path
+
+
+COMMANDS = {
+    "report": lambda db, out: report_main(["--db", str(db), "--out", str(out)]),
+    "export": lambda db, out: results_main(["export", "--db", str(db), "--csv", str(out)]),
+}
+FIELDS = {"report": "--out", "export": "--csv"}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("target", ["itself", "a link to it", "a path through ..", "another database"])
+def test_an_output_that_is_the_database_or_another_is_refused_unchanged(command, target, tmp_path, capsys):
+    db = scored_db(tmp_path / "db.sqlite")
+    other = sqlite_file(tmp_path / "other.sqlite", "CREATE TABLE notes (text TEXT)")
+    (tmp_path / "link").symlink_to(db)
+    out = {
+        "itself": db,
+        "a link to it": tmp_path / "link",
+        "a path through ..": tmp_path / "missing" / ".." / "link",
+        "another database": other,
+    }[target]
+    before = snapshot(tmp_path)
+    assert COMMANDS[command](db, out) == 2
+    reason = (
+        "is a SQLite database"
+        if target == "another database"
+        else f"is the file of --db{'' if out == db else f' ({db})'}"
+    )
+    assert (
+        one_line(capsys)
+        == f"error: {FIELDS[command]}: {out} {reason}: writing it would destroy it; give another file"
+    )
+    assert snapshot(tmp_path) == before
+
+
+def test_a_report_over_its_gate_spec_or_figures_over_the_database_are_refused(tmp_path, capsys):
+    db = scored_db(tmp_path / "db.sqlite")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump([gate_spec(0.8)]))
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "accuracy_vs_budget.png").symlink_to(db)
+    before = snapshot(tmp_path)
+    assert report_main(["--db", str(db), "--gates", str(spec), "--out", str(spec)]) == 2
+    line = f"error: --out: {spec} is the file of --gates: writing it would destroy it; give another file"
+    assert one_line(capsys) == line
+    assert figures_main(["--db", str(db), "--out", str(figures)]) == 2
+    png = figures / "accuracy_vs_budget.png"
+    assert one_line(capsys) == (
+        f"error: --out: {png} is the file of --db ({db}): writing it would destroy it; give another file"
+    )
+    assert snapshot(tmp_path) == before
+
+
+# --- 12: a full disk leaves the old file, and no temporary one ------------------------------------------
+
+
+class FullDisk:
+    """A file on a device with ``room`` bytes left: a write past it stores what fits, then fails."""
+
+    def __init__(self, file: IO, room: int):
+        self.file, self.room = file, room
+
+    @classmethod
+    def opened(cls, *args: object, **kwargs: object) -> FullDisk:
+        """``open(...)`` on a device with 100 bytes left."""
+        return cls(open(*args, **kwargs), 100)  # noqa: SIM115 - closed by __exit__
+
+    def write(self, data: str | bytes) -> int:
+        self.file.write(data[: self.room])
+        if len(data) > self.room:
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return len(data)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.file, name)
+
+    def __enter__(self) -> FullDisk:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.file.close()
+
+
+@pytest.mark.parametrize("command", ["report", "export", "figures"])
+def test_a_full_disk_leaves_the_previous_file_and_no_temporary_one(command, tmp_path, monkeypatch, capsys):
+    db = scored_db(tmp_path / "db.sqlite")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = (
+        folder
+        / {"report": "report.html", "export": "samples.csv", "figures": "accuracy_vs_budget.pdf"}[command]
+    )
+    out.write_text("the previous file\n")
+    monkeypatch.setattr(files, "open", FullDisk.opened, raising=False)
+    if command == "figures":
+        assert figures_main(["--db", str(db), "--out", str(folder)]) == 2
+        expected = f"error: --out: cannot write to {folder}: No space left on device"
+    else:
+        assert COMMANDS[command](db, out) == 2
+        field, what = (("--out", "the report"), ("--csv", str(out)))[command == "export"]
+        expected = f"error: {field}: cannot write {what}: No space left on device"
+    assert capsys.readouterr().err == expected + "\n"
+    assert [p.name for p in folder.iterdir()] == [out.name] and out.read_text() == "the previous file\n"
+
+
+def test_outputs_replace_the_previous_file_whole(tmp_path, capsys):
+    db = scored_db(tmp_path / "db.sqlite")
+    csv, report = tmp_path / "samples.csv", tmp_path / "report.html"
+    for path in (csv, report):
+        path.write_text("the previous file\n")
+        path.chmod(0o640)
+    assert COMMANDS["export"](db, csv) == 0 and COMMANDS["report"](db, report) == 0
+    capsys.readouterr()
+    assert csv.read_text().startswith("model.name,") and report.read_text().startswith("<!DOCTYPE html>")
+    assert {path.stat().st_mode & 0o777 for path in (csv, report)} == {0o640}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+# --- 13: export --csv - | head ----------------------------------------------------------------------------
+
+
+def test_export_into_a_pipe_closed_early_ends_quietly(tmp_path):
+    """``export --csv - | head -1``: the rest goes nowhere, no traceback, exit 141 (SIGPIPE's)."""
+    with ResultsDB(tmp_path / "db.sqlite") as db:
+        run_id = db.start_run(
+            {"model": {"name": "m"}, "task": {"name": "t"}, "cache": {"method": "full"}}, "h"
+        )
+        db.add_sample(run_id, "h", {"sample_id": "0", "output": "x" * 1_000_000, "score": 1.0})  # > a pipe
+    command = [
+        sys.executable,
+        "-m",
+        "snapeval.results",
+        "export",
+        "--db",
+        str(tmp_path / "db.sqlite"),
+        "--csv",
+        "-",
+    ]
+    export = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert export.stdout.readline().startswith(b"model.name,")
+    export.stdout.close()
+    assert export.wait(timeout=120) == 141
+    assert export.stderr.read() == b""
+
+
+# --- 14: a run whose stored config is null ---------------------------------------------------------------
+
+
+def test_a_run_whose_config_is_null_is_named(tmp_path, capsys):
+    db = scored_db(tmp_path / "db.sqlite")
+    sqlite_file(db, "UPDATE runs SET config = 'null' WHERE id = 2")
+    line = (
+        "error: --db: run 2 stores null as its config, not a mapping of settings, so its samples cannot be "
+        "placed: a damaged row; restore the database from a copy, or delete the run and its samples"
+    )
+    assert report_main(["--db", str(db), "--out", str(tmp_path / "report.html")]) == 2
+    assert one_line(capsys) == line
+    for argv in (["summary"], ["export", "--csv", str(tmp_path / "samples.csv")]):
+        assert results_main([*argv, "--db", str(db)]) == 2
+        assert one_line(capsys) == line
+    assert not (tmp_path / "report.html").exists() and not (tmp_path / "samples.csv").exists()
+
+
+# --- 15: reading an older database writes nothing ----------------------------------------------------------
+
+
+def tables(path: Path) -> list[str]:
+    """The tables of the SQLite file ``path``, read without a file beside it made or changed."""
+    with sqlite3.connect(f"file:{path}?immutable=1", uri=True) as conn:
+        names = sorted(row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+    conn.close()
+    return names
+
+
+@pytest.mark.parametrize("storage", ["read-only", "writable"])
+def test_an_older_database_is_read_without_a_write(storage, tmp_path, monkeypatch, capsys):
+    """A database from before claims and decisions (and the runs' heartbeat) is reported, exported and
+    summarized as it is. Root writes through chmod, so the folder's being read-only shows where the
+    process is told so (``os.access``): the database is opened immutable, and not a byte of the folder
+    changes; on writable storage SQLite's readers may leave WAL files beside it, the database unchanged."""
+    folder = tmp_path / "db"
+    folder.mkdir()
+    db = scored_db(folder / "old.sqlite")
+    sqlite_file(db, "DROP TABLE claims", "DROP TABLE decisions", "ALTER TABLE runs DROP COLUMN expires_at")
+    assert tables(db) == ["memory_estimates", "runs", "samples"]
+    before = snapshot(folder)
+    if storage == "read-only":
+        access = os.access
+
+        def read_only_folder(path: str | os.PathLike[str], mode: int, **kwargs: object) -> bool:
+            """``os.access``, which says ``folder`` cannot be written."""
+            return not (mode & os.W_OK and Path(path) == folder) and access(path, mode, **kwargs)
+
+        monkeypatch.setattr(os, "access", read_only_folder)
+    db.chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        assert report_main(["--db", str(db), "--out", str(tmp_path / "report.html")]) == 0
+        assert results_main(["export", "--db", str(db), "--csv", str(tmp_path / "samples.csv")]) == 0
+        assert results_main(["summary", "--db", str(db)]) == 0
+    finally:
+        folder.chmod(0o755)
+        db.chmod(0o644)
+    assert "wrote 6 samples" in capsys.readouterr().out
+    assert tables(db) == ["memory_estimates", "runs", "samples"]
+    after = snapshot(folder)
+    assert after[str(db)] == before[str(db)]
+    if storage == "read-only":
+        assert after == before
+    else:
+        assert set(after) <= {str(db), f"{db}-wal", f"{db}-shm"}
+
+
+# --- 16: a damaged assembled weights file --------------------------------------------------------------
+
+
+def test_a_damaged_assembled_weights_file_says_what_to_delete(tmp_path, monkeypatch):
+    """What a package's ``assemble()`` (Gemma 3 270M's) raises on a truncated file is said for the command
+    line: the file to delete, not a Python argument."""
+    weights = tmp_path / "cache" / "model.gguf"
+    package = tmp_path / "damaged_weights_package"
+    package.mkdir()
+    message = f"{weights} already exists with an unexpected sha256; pass overwrite=True to replace it"
+    (package / "__init__.py").write_text(f"def assemble():\n    raise FileExistsError({message!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from snapeval.models import resolve_pretrained
+
+    with pytest.raises(SnapevalError) as info:
+        resolve_pretrained("assembled://damaged_weights_package")
+    assert str(info.value) == (
+        f"model.pretrained: cannot assemble damaged_weights_package's weights: {weights} is there but is "
+        f"not them (truncated or damaged); delete it (rm {weights}) and run the command again, which "
+        "assembles it anew"
+    )

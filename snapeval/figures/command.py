@@ -8,7 +8,9 @@ from pathlib import Path
 from snapeval.cli import DB_OPTION, add_db_option, one_line_errors
 from snapeval.errors import SnapevalError
 from snapeval.figures import FIGURES, NothingToDraw
-from snapeval.results import load
+from snapeval.figures.panels import figure_paths
+from snapeval.files import safe_output
+from snapeval.results import database_url, load, sqlite_path
 
 DEFAULT_OUT = Path("results/figures")
 
@@ -27,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.out.exists() and not args.out.is_dir():
         raise SnapevalError(f"{args.out} is a file; give a folder for the figures", "--out")
+    inputs = {DB_OPTION: sqlite_path(database_url(args.db))}
+    for name in FIGURES:
+        for path in figure_paths(args.out, name):
+            safe_output(path, inputs, "--out")
     df = load(args.db, field=DB_OPTION)
     for name, draw in FIGURES.items():
         try:

@@ -20,6 +20,7 @@ from matplotlib.legend import Legend
 
 from snapeval.errors import SnapevalError
 from snapeval.figures.style import PAPER_RC, format_value, short_name
+from snapeval.files import write_atomically
 from snapeval.results import config_columns, hashable, summarize
 
 PANEL_SIZE = (2.6, 2.1)  # inches per panel
@@ -113,12 +114,18 @@ def legend(fig: Figure, axes: list[Axes], last: Collection[str] = ()) -> Legend 
     return box
 
 
+def figure_paths(out: str | os.PathLike[str], name: str) -> list[Path]:
+    """The files of the figure ``name`` in the folder ``out``: ``<name>.pdf`` and ``.png``."""
+    return [Path(out) / f"{name}.{extension}" for extension in ("pdf", "png")]
+
+
 def save(fig: Figure, out: str | os.PathLike[str], name: str) -> list[Path]:
-    """``fig`` as ``<out>/<name>.pdf`` and ``.png`` (the folder made if missing); the paths."""
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / f"{name}.{extension}" for extension in ("pdf", "png")]
+    """``fig`` as ``<out>/<name>.pdf`` and ``.png`` (the folder made if missing), each written whole or
+    not at all; the paths."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    paths = figure_paths(out, name)
     with mpl.rc_context(PAPER_RC):
         for path in paths:
-            fig.savefig(path)
+            with write_atomically(path, binary=True) as file:
+                fig.savefig(file, format=path.suffix.removeprefix("."))
     return paths

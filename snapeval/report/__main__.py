@@ -9,6 +9,7 @@ from pathlib import Path
 
 from snapeval.cli import add_db_option, one_line_errors, open_existing
 from snapeval.errors import SnapevalError
+from snapeval.files import safe_output, write_atomically
 
 DEFAULT_TARGETS = (0.95, 0.99)
 
@@ -41,8 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.flips < 0:
         raise SnapevalError(f"must be >= 0, got {args.flips}", "--flips")
     out = args.out or Path("report.md" if args.markdown else "report.html")
-    if not out.parent.is_dir():
-        raise SnapevalError(f"cannot write the report: no folder {out.parent}", "--out")
+    from snapeval.results import database_url, sqlite_path  # SQLAlchemy: where --db is, if a file
+
+    target = safe_output(out, {"--db": sqlite_path(database_url(args.db)), "--gates": args.gates}, "--out")
+    if not target.parent.is_dir():
+        raise SnapevalError(f"cannot write the report: no folder {target.parent}", "--out")
     from snapeval.report import build_report, render_html, render_markdown  # numpy, pandas, SQLAlchemy
 
     gates = []
@@ -56,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     text = render_markdown(document) if args.markdown else render_html(document)
     try:
-        out.write_text(text, encoding="utf-8")
+        with write_atomically(target) as file:
+            file.write(text)
     except OSError as exc:
         raise SnapevalError(f"cannot write the report: {exc.strerror}", "--out") from None
     print(f"wrote {out} ({len(text.encode()) / 1024:,.0f} KiB)")

@@ -9,7 +9,9 @@ runs resume without recomputation.
 
 The database is ``--db`` (a path or SQLAlchemy URL), else ``$SNAPEVAL_DB``, else
 ``results/snapeval.sqlite`` in the current directory: the same precedence as ``run.db`` of
-``python -m snapeval``. ``export --csv -`` writes the CSV to standard output.
+``python -m snapeval``. ``export --csv -`` writes the CSV to standard output; a reader that stops early
+(``| head``) ends the command quietly, with the exit code of a process that SIGPIPE ended (141). The
+database is only read (``migrate`` aside), and ``--csv`` is never it nor any other database.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from snapeval.cli import add_db_option, one_line_errors, open_existing
+from snapeval.cli import add_db_option, one_line_errors, open_existing, stdout_closed
 from snapeval.errors import SnapevalError
-from snapeval.results import summarize
+from snapeval.files import safe_output, write_atomically
+from snapeval.results import database_url, sqlite_path, summarize
 from snapeval.results.leases import needing_attention
 from snapeval.tables import render, summary_table
 
@@ -67,18 +70,18 @@ def _runs_table(states: list[dict]) -> list[dict]:
     ]
 
 
-def _export(df: pd.DataFrame, path: Path) -> None:
-    """Write ``df`` as CSV, with lists and dicts (targets, extras) as JSON; to standard output (the CSV
-    alone) for ``-``."""
+def _export(df: pd.DataFrame, path: Path, target: Path | None) -> None:
+    """Write ``df`` as CSV, with lists and dicts (targets, extras) as JSON, to ``target`` (``path``
+    resolved), or to standard output (the CSV alone) for None."""
     cells = df.map(lambda value: json.dumps(value) if isinstance(value, dict | list) else value)
-    if str(path) == STDOUT:
+    if target is None:
         cells.to_csv(sys.stdout, index=False)
+        sys.stdout.flush()
         return
-    if path.is_dir():
-        raise SnapevalError(f"{path} is a directory; give a file name (say {path / 'samples.csv'})", "--csv")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cells.to_csv(path, index=False)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with write_atomically(target) as file:
+            cells.to_csv(file, index=False)
     except OSError as exc:
         raise SnapevalError(f"cannot write {path}: {exc.strerror or exc}", "--csv") from None
     print(f"wrote {len(df)} samples to {path}")
@@ -91,12 +94,18 @@ def main(argv: list[str] | None = None) -> int:
         with open_existing(args.db, write=True) as db:
             print(f"migrated {db.migrate()} run(s)")
         return 0
+    target = None
+    if args.command == "export" and str(args.csv) != STDOUT:
+        target = safe_output(args.csv, {"--db": sqlite_path(database_url(args.db))}, "--csv")
     with open_existing(args.db) as db:
         df, states = db.dataframe(), db.run_states()
-    if args.command == "summary":
-        _print_summary(df, states)
-    else:
-        _export(df, args.csv)
+    try:
+        if args.command == "summary":
+            _print_summary(df, states)
+        else:
+            _export(df, args.csv, target)
+    except BrokenPipeError:
+        return stdout_closed()
     return 0
 
 

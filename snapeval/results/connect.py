@@ -8,7 +8,10 @@ joblib launcher) write to one file at once. ``postgresql://`` URLs use psycopg 3
 Which database: the one named on the command line (``run.db=...``, ``--db``), else ``$SNAPEVAL_DB``, else
 ``results/snapeval.sqlite``, for every command alike. A database is written only when it is snapeval's
 (:func:`check_ours`: no tables yet, or snapeval's tables with their columns): another program's database
-is refused and left as it is, and so is an in-memory one, whose results would be lost.
+is refused and left as it is, and so is an in-memory one, whose results would be lost. A reading command
+(``writable=False``) never writes: SQLite is opened read-only (``mode=ro``; ``immutable`` on storage it
+cannot write), PostgreSQL in read-only transactions, and no table is created or changed, so the tables
+an older snapeval lacks read as empty (:func:`snapeval.results.schema.stored_tables`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sqlite3
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, delete, event, false, inspect, make_url, text
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
@@ -25,6 +29,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from snapeval.configs import root
 from snapeval.errors import SnapevalError
+from snapeval.files import is_sqlite
 from snapeval.results.schema import memory_estimates, metadata, required_columns, runs, samples
 
 DEFAULT_DB = Path(root.DEFAULT_DB)  # run.db's default without $SNAPEVAL_DB
@@ -33,7 +38,6 @@ BUSY_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 10
 SUPPORTED_DIALECTS = ("sqlite", "postgresql")
 FIELD = "run.db"
-SQLITE_HEADER = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
 SCHEMA_LOCK = 0x5EA1  # the PostgreSQL advisory lock under which workers create or upgrade the schema
 
 
@@ -50,16 +54,20 @@ def database_url(url_or_path: str | os.PathLike[str] | None = None) -> str:
 
 
 def sqlite_path(url: str) -> Path | None:
-    """The file of a file-backed SQLite URL, else None."""
-    parsed = make_url(url)
+    """The file of a file-backed SQLite URL, else None (a server, in memory, or not a URL at all)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database.removeprefix("file:"))
 
 
 def open_engine(url: str, *, must_exist: bool = False, writable: bool = True, field: str = FIELD) -> Engine:
-    """An engine on ``url`` with the schema created (or brought up to date) and, if ``writable``, proven
-    writable; any failure to open, read or write it is a :class:`SnapevalError` on ``field`` in one line."""
+    """An engine on ``url``: if ``writable``, with the schema created (or brought up to date) and proven
+    writable, else one that only reads; any failure to open, read or write it is a
+    :class:`SnapevalError` on ``field`` in one line."""
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -76,19 +84,20 @@ def open_engine(url: str, *, must_exist: bool = False, writable: bool = True, fi
     except OSError as exc:  # a name too long, a parent that is a file, no permission
         raise SnapevalError(f"cannot use {_short(path)}: {exc.strerror or exc}", field) from None
     try:
-        reader = _engine(url, backend, writable=False)  # nothing changes (not even WAL) before the check
+        # nothing changes (not even WAL) before the check; a reading command's engine never writes
+        reader = _engine(url, backend, writable=False) if writable else _read_only(url, backend, path)
         try:
             check_ours(reader, _short(path or _shown(parsed)), writable, field)
         except BaseException:
             reader.dispose()
             raise
-        if writable:
-            reader.dispose()
-        engine = _engine(url, backend) if writable else reader
+        if not writable:
+            return reader
+        reader.dispose()
+        engine = _engine(url, backend)
         create_schema(engine)
-        if writable:
-            with engine.begin() as conn:  # a write that changes nothing: refused by a read-only database
-                conn.execute(delete(memory_estimates).where(false()))
+        with engine.begin() as conn:  # a write that changes nothing: refused by a read-only database
+            conn.execute(delete(memory_estimates).where(false()))
     except ModuleNotFoundError as exc:
         raise SnapevalError(
             f'the {exc.name} driver is not installed: pip install "snapeval[cluster]"', field
@@ -156,10 +165,8 @@ def _check_file(path: Path, must_exist: bool, writable: bool, field: str) -> Non
         raise SnapevalError(f"{_short(path)} is a directory, not a database file", field)
     if must_exist and not path.is_file():
         raise SnapevalError(f"no results database at {_short(path)}; run python -m snapeval first", field)
-    if not writable and path.is_file():
-        with path.open("rb") as file:
-            if file.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
-                raise SnapevalError(f"{_short(path)} is not a SQLite database (left as it is)", field)
+    if not writable and path.is_file() and not is_sqlite(path):
+        raise SnapevalError(f"{_short(path)} is not a SQLite database (left as it is)", field)
     if writable:
         path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -177,6 +184,24 @@ def _engine(url: str, backend: str, writable: bool = True) -> Engine:
         return create_engine(url, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}, pool_pre_ping=True)
     engine = create_engine(url)
     event.listen(engine, "connect", _configure_sqlite if writable else _configure_sqlite_reader)
+    return engine
+
+
+def _read_only(url: str, backend: str, path: Path | None) -> Engine:
+    """An engine that cannot write: PostgreSQL's transactions read-only; SQLite's file opened ``mode=ro``,
+    or ``immutable`` where its folder cannot be written (read-only storage: no writer there either, and
+    a WAL database opens no other way) unless a WAL file beside it holds what the file does not."""
+    if path is None:  # PostgreSQL (an in-memory SQLite database was refused)
+        return create_engine(
+            url,
+            connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+            pool_pre_ping=True,
+            execution_options={"postgresql_readonly": True},
+        )
+    unwritable = not os.access(path.parent, os.W_OK) and not Path(f"{path}-wal").exists()
+    uri = f"file:{quote(str(path.absolute()))}?mode=ro" + ("&immutable=1" if unwritable else "")
+    engine = create_engine(url, creator=lambda: sqlite3.connect(uri, uri=True, check_same_thread=False))
+    event.listen(engine, "connect", _configure_sqlite_reader)
     return engine
 
 

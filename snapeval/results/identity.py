@@ -17,6 +17,7 @@ from typing import Any
 from snapeval.configs import legacy
 from snapeval.configs.methods import effective_params
 from snapeval.configs.root import declared_fields
+from snapeval.errors import SnapevalError
 from snapeval.protocols import changed_settings, lookup
 
 #: The random number generator of sampled answers (:mod:`snapeval.sampling`), stored with sampled runs.
@@ -95,6 +96,19 @@ def keep_stored(config: Mapping[str, Any]) -> dict[str, Any]:
         found, value = lookup(config, path)
         if found and (value is None or value is False):
             config = _without(config, path)
+    return dict(config)
+
+
+def run_config(run: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """The config ``run`` stores; one that is not a mapping (JSON null, say) is an error naming the run."""
+    config = run["config"]
+    if not isinstance(config, Mapping):
+        raise SnapevalError(
+            f"run {run['id']} stores {json.dumps(config)[:40]} as its config, not a mapping of settings, so "
+            "its samples cannot be placed: a damaged row; restore the database from a copy, or delete the "
+            "run and its samples",
+            field,
+        )
     return dict(config)
 
 

@@ -3,11 +3,15 @@ estimates and budget searches' decisions.
 
 A running run renews ``expires_at`` while its worker lives (:class:`snapeval.results.leases.Lease`); a
 ``running`` run past it, or whose process on this host is gone, is shown as ``stale``. A claim keeps
-other workers off a sample until it is stored or its expiry passes (the worker died)."""
+other workers off a sample until it is stored or its expiry passes (the worker died).
+
+A database written by an older snapeval lacks some tables (``claims``, ``decisions``) and nullable
+columns until a writer opens it; a reader sees it through :func:`stored_tables`: missing tables as empty,
+missing columns as NULL."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from sqlalchemy import (
     JSON,
@@ -24,7 +28,15 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
+    inspect,
+    null,
+    select,
+    type_coerce,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine, FromClause
 
 RunStatus = Literal["running", "finished", "failed", "interrupted"]
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
@@ -109,3 +121,31 @@ def required_columns(table: Table) -> list[str]:
     """The columns of ``table`` that every snapeval database has had: the NOT NULL ones, which a table
     created by an older snapeval already had (newer columns are nullable, added by ``create_schema``)."""
     return [column.name for column in table.columns if not column.nullable]
+
+
+def stored_tables(engine: Engine) -> dict[str, FromClause]:
+    """Each of snapeval's tables as ``engine``'s database holds it (:func:`as_stored`), by name."""
+    inspector = inspect(engine)
+    present = set(inspector.get_table_names())
+    return {
+        table.name: as_stored(
+            table,
+            {column["name"] for column in inspector.get_columns(table.name)}
+            if table.name in present
+            else None,
+        )
+        for table in metadata.sorted_tables
+    }
+
+
+def as_stored(table: Table, columns: set[str] | None) -> FromClause:
+    """``table`` where a database holds only ``columns`` of it (None: not the table): the table itself
+    when it has them all, else its columns with the missing ones NULL, or no rows."""
+    if columns is not None and columns >= set(table.columns.keys()):
+        return table
+    values = [
+        table.c[column.name] if columns and column.name in columns else type_coerce(null(), column.type)
+        for column in table.columns
+    ]
+    query = select(*(value.label(column.name) for value, column in zip(values, table.columns, strict=True)))
+    return (query.select_from(table) if columns is not None else query.where(false())).subquery(table.name)

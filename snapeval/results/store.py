@@ -14,7 +14,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from snapeval.protocols import flatten
 from snapeval.results.connect import database_url, open_engine
-from snapeval.results.identity import ALIASES, config_hash, git_sha, package_versions, upgraded
+from snapeval.results.identity import ALIASES, config_hash, git_sha, package_versions, run_config, upgraded
 from snapeval.results.leases import (
     DEFAULT_LEASE_S,
     STALE_ERROR,
@@ -24,7 +24,16 @@ from snapeval.results.leases import (
     utcnow,
     worker_gone,
 )
-from snapeval.results.schema import RunStatus, claims, decisions, memory_estimates, runs, samples
+from snapeval.results.schema import (
+    RunStatus,
+    claims,
+    decisions,
+    memory_estimates,
+    metadata,
+    runs,
+    samples,
+    stored_tables,
+)
 
 if TYPE_CHECKING:  # pandas loads with the first DataFrame: opening a database (or refusing one) is faster
     import pandas as pd
@@ -46,10 +55,16 @@ class ResultsDB:
         clock: Clock = utcnow,
     ):
         """Open (and create, unless ``must_exist``) the database at ``url`` (see :func:`database_url`),
-        proven writable unless ``writable`` is false; a failure is a :class:`SnapevalError` on ``field``.
-        ``clock`` is the time that runs, samples and leases are stamped and expired with."""
-        self.url, self.clock = database_url(url), clock
+        proven writable, or only read when ``writable`` is false (its tables as stored: an older
+        snapeval's read as today's); a failure is a :class:`SnapevalError` on ``field``. ``clock`` is the
+        time that runs, samples and leases are stamped and expired with."""
+        self.url, self.clock, self.field = database_url(url), clock, field
         self.engine: Engine = open_engine(self.url, must_exist=must_exist, writable=writable, field=field)
+        self.tables = (
+            {table.name: table for table in metadata.sorted_tables}
+            if writable
+            else stored_tables(self.engine)
+        )
 
     def close(self) -> None:
         self.engine.dispose()
@@ -153,14 +168,17 @@ class ResultsDB:
         """Every run (id, config hash, model, task, method, host, pid, created, shard, status, error),
         oldest first, its status ``stale`` where it runs but its worker is gone (:func:`run_state`)."""
         columns = ("id", "config_hash", "model", "task", "method", "hostname", "pid", "created_at")
-        query = select(*(runs.c[name] for name in columns), runs.c.status, runs.c.expires_at, runs.c.error)
+        stored_runs = self.tables[runs.name]
+        query = select(
+            *(stored_runs.c[name] for name in (*columns, "status", "expires_at", "error", "config"))
+        )
         with self.engine.connect() as conn:
-            stored = conn.execute(query.add_columns(runs.c.config).order_by(runs.c.id)).mappings().all()
+            stored = conn.execute(query.order_by(stored_runs.c.id)).mappings().all()
         now = self.clock()
         return [
             {
                 **{k: v for k, v in run.items() if k != "config"},
-                "shard": (run["config"].get("run") or {}).get("shard"),
+                "shard": (run_config(run, self.field).get("run") or {}).get("shard"),
                 "status": run_state(run, now),
             }
             for run in stored
@@ -195,7 +213,7 @@ class ResultsDB:
         changed = 0
         with self.engine.begin() as conn:
             for run in conn.execute(select(runs.c.id, runs.c.config, runs.c.config_hash)).mappings().all():
-                config = upgraded(run["config"])
+                config = upgraded(run_config(run, self.field))
                 digest = config_hash(config)
                 if digest == run["config_hash"] and config == run["config"]:
                     continue
@@ -210,19 +228,23 @@ class ResultsDB:
 
     def done_sample_ids(self, config_hash: str) -> set[str]:
         """Ids of the samples already stored for this config, by any run."""
-        query = select(samples.c.sample_id).where(samples.c.config_hash == config_hash)
+        stored = self.tables[samples.name]
+        query = select(stored.c.sample_id).where(stored.c.config_hash == config_hash)
         with self.engine.connect() as conn:
             return set(conn.execute(query).scalars())
 
     def runs_since(self, since: datetime) -> list[dict[str, Any]]:
         """Runs created at or after ``since`` (UTC), oldest first: the points of a sweep."""
-        query = select(runs).where(runs.c.created_at >= since.replace(tzinfo=None)).order_by(runs.c.id)
+        stored = self.tables[runs.name]
+        query = select(stored).where(stored.c.created_at >= since.replace(tzinfo=None)).order_by(stored.c.id)
         with self.engine.connect() as conn:
-            return [dict(row) for row in conn.execute(query).mappings()]
+            rows = conn.execute(query).mappings().all()
+        return [{**row, "config": run_config(row, self.field)} for row in rows]
 
     def samples_for(self, config_hash: str) -> list[dict[str, Any]]:
         """The stored samples of this config, in the order they were stored."""
-        query = select(samples).where(samples.c.config_hash == config_hash).order_by(samples.c.id)
+        stored = self.tables[samples.name]
+        query = select(stored).where(stored.c.config_hash == config_hash).order_by(stored.c.id)
         with self.engine.connect() as conn:
             return [dict(row) for row in conn.execute(query).mappings()]
 
@@ -230,10 +252,12 @@ class ResultsDB:
         """One row per sample: its run's flattened config and provenance, then the sample's columns."""
         import pandas as pd
 
-        run_query = select(runs.c.id, runs.c.git_sha, runs.c.status, runs.c.created_at, runs.c.config)
+        stored_runs, stored_samples = self.tables[runs.name], self.tables[samples.name]
+        columns = ("id", "git_sha", "status", "created_at", "config")
         with self.engine.connect() as conn:
-            run_columns = {run.id: _run_columns(run) for run in conn.execute(run_query).mappings()}
-            sample_rows = conn.execute(select(samples).order_by(samples.c.id)).mappings().all()
+            stored = conn.execute(select(*(stored_runs.c[name] for name in columns))).mappings().all()
+            sample_rows = conn.execute(select(stored_samples).order_by(stored_samples.c.id)).mappings().all()
+        run_columns = {run["id"]: _run_columns(run, run_config(run, self.field)) for run in stored}
         return pd.DataFrame.from_records(
             [{**run_columns[sample["run_id"]], **_sample_columns(sample)} for sample in sample_rows]
         )
@@ -267,14 +291,16 @@ class ResultsDB:
 
     def decisions(self) -> list[dict[str, Any]]:
         """Every stored budget-search decision: its config, decision and when it was made, oldest first."""
+        stored = self.tables[decisions.name]
         with self.engine.connect() as conn:
-            return [dict(row) for row in conn.execute(select(decisions).order_by(decisions.c.id)).mappings()]
+            return [dict(row) for row in conn.execute(select(stored).order_by(stored.c.id)).mappings()]
 
     def memory_dataframe(self) -> pd.DataFrame:
         """One row per memory estimate: the estimate's columns, its config hash and when it was made."""
         import pandas as pd
 
-        query = select(memory_estimates).order_by(memory_estimates.c.id)
+        stored_estimates = self.tables[memory_estimates.name]
+        query = select(stored_estimates).order_by(stored_estimates.c.id)
         with self.engine.connect() as conn:
             stored = conn.execute(query).mappings().all()
         return pd.DataFrame.from_records(
@@ -285,8 +311,8 @@ class ResultsDB:
         )
 
 
-def _run_columns(run: Mapping[str, Any]) -> dict[str, Any]:
-    flat = flatten(run["config"])
+def _run_columns(run: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    flat = flatten(config)
     aliases = {alias: flat[path] for alias, path in ALIASES.items() if path in flat}
     provenance = {key: run[key] for key in ("git_sha", "status", "created_at")}
     return {**flat, **aliases, "run_id": run["id"], **provenance}

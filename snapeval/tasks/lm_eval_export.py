@@ -19,6 +19,7 @@ from pathlib import Path
 
 from snapeval.cli import one_line_errors
 from snapeval.configs.compose import compose_config
+from snapeval.files import write_atomically
 from snapeval.paths import LM_EVAL_TASKS_DIR
 from snapeval.tasks import task_class, task_names
 
@@ -80,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stale: {LM_EVAL_TASKS_DIR / f'snapeval_{name}.yaml'}", file=sys.stderr)
         return 1 if names else 0
     for name in task_names():
-        (LM_EVAL_TASKS_DIR / f"snapeval_{name}.yaml").write_text(definition(name))
+        with write_atomically(LM_EVAL_TASKS_DIR / f"snapeval_{name}.yaml") as file:
+            file.write(definition(name))
     print(f"wrote {len(task_names())} definitions to {LM_EVAL_TASKS_DIR}")
     return 0
 

@@ -1,0 +1,91 @@
+"""The files a command writes: never one of its inputs nor a database, and written whole or not at all.
+
+:func:`safe_output` refuses, before any work, an output that is (or resolves to, through symlinks or
+``..``) one of the command's inputs, any SQLite database (told by its first bytes, :func:`is_sqlite`), a
+folder or a special file. :func:`write_atomically` writes through a temporary file beside the output,
+renamed into place, so that a full disk or a kill leaves the old file (or none), never part of one.
+
+Standard library only: commands check their outputs before anything heavy loads.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import IO, Any
+
+from snapeval.errors import SnapevalError
+
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
+_NAME_KEPT = 200  # of the output's name in its temporary file's, within the 255 bytes a name may have
+
+
+def is_sqlite(path: Path) -> bool:
+    """Whether the file ``path`` starts as every SQLite database does (an OSError if it cannot be read)."""
+    with path.open("rb") as file:
+        return file.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+
+
+def safe_output(path: Path, inputs: Mapping[str, Path | None], field: str) -> Path:
+    """``path`` resolved (symlinks and ``..``) if a command may write it: not the file of one of its
+    ``inputs`` (option to file, None for none), not a SQLite database, a folder nor a special file; else a
+    :class:`SnapevalError` on ``field``."""
+    target = Path(os.path.realpath(path))
+    for option, source in inputs.items():
+        if source is not None and _same_file(target, source):
+            named = "" if os.fspath(path) == os.fspath(source) else f" ({source})"
+            raise SnapevalError(
+                f"{path} is the file of {option}{named}: writing it would destroy it; give another file",
+                field,
+            )
+    if target.is_dir():
+        raise SnapevalError(f"{path} is a directory; give a file name", field)
+    if not target.exists():
+        return target
+    if not target.is_file():
+        raise SnapevalError(f"{path} is not a regular file (a device, FIFO or socket); give a file", field)
+    try:
+        database = is_sqlite(target)
+    except OSError as exc:
+        raise SnapevalError(f"cannot read {path} to check it is no database: {exc.strerror}", field) from None
+    if database:
+        raise SnapevalError(
+            f"{path} is a SQLite database: writing it would destroy it; give another file", field
+        )
+    return target
+
+
+def _same_file(target: Path, source: Path) -> bool:
+    """Whether ``target`` (resolved) is ``source``: the same path once resolved, or a hard link to it."""
+    if target == Path(os.path.realpath(source)):
+        return True
+    with suppress(OSError):
+        return os.path.samefile(target, source)
+    return False
+
+
+@contextmanager
+def write_atomically(path: Path, *, binary: bool = False) -> Iterator[IO[Any]]:
+    """A handle (text, UTF-8, or ``binary``) on a temporary file beside ``path`` (resolved), renamed onto
+    it when the block ends; an error removes the temporary file and leaves ``path`` as it was. A file
+    that ``path`` replaces keeps its permissions."""
+    target = Path(os.path.realpath(path))
+    temporary = target.with_name(f".{target.name[:_NAME_KEPT]}.{secrets.token_hex(4)}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with suppress(FileNotFoundError):
+            os.fchmod(descriptor, stat.S_IMODE(target.stat().st_mode))
+        mode, encoding = ("wb", None) if binary else ("w", "utf-8")
+        with open(descriptor, mode, encoding=encoding, newline=None if binary else "") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with suppress(OSError):
+            temporary.unlink()
+        raise
