@@ -2,12 +2,12 @@
 
 :func:`check_inputs` is the torch-free stage (about a second): the config's fields
 (:func:`snapeval.configs.check.check`), the sandbox (LiveCodeBench), the task and its data rows (read,
-each checked to fit), the requests, the shard, the extras a method needs, the draft names and a local
-model folder's ``config.json``. :func:`make_plan` adds the rest: the device, the answer pass, each cache
-setting's parameters (a grid point whose settings are impossible is set aside, to be recorded as
-failed), the drafts' configs and the model's config with its overrides. The front door, the gate and
-:func:`snapeval.runner.run` build a :class:`RunPlan` this way, and the runner executes it without
-checking anything again.
+each checked to fit), the requests, the shard, the extras a method needs, the draft names, a local
+model folder's ``config.json`` and the model's trained positions (:func:`check_positions`).
+:func:`make_plan` adds the rest: the device, the answer pass, each cache setting's parameters (a grid
+point whose settings are impossible is set aside, to be recorded as failed), the drafts' configs and
+the model's config with its overrides. The front door, the gate and :func:`snapeval.runner.run` build a
+:class:`RunPlan` this way, and the runner executes it without checking anything again.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 DRAFT_FIELD = "cache.draft"
 MODEL_FIELD = "model.pretrained"
+TEMPLATE_TOKENS = 256
+"""Tokens a chat template adds to a prompt's messages at most (role markers, a default system prompt)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ def check_inputs(config: dict[str, Any]) -> Inputs:
             "needs a chat model; run a RULER task (task=ruler_passkey, ruler_niah_single, ...)",
             "model.completion",
         )
+    rows = None
     if not task.needs_tokenizer:  # rows are read from a file (or the Hub): read them now
         rows = task.rows(None)[:limit]
         task.check_fits(rows, config["model"]["max_context"])  # a row too long, before any tokenizer
@@ -83,7 +86,8 @@ def check_inputs(config: dict[str, Any]) -> Inputs:
     check_extras(config)
     settings = tuple(grid_points(config))
     check_draft_names([setting["cache"] for setting in settings])
-    check_model_folder(config["model"])
+    folder = check_model_folder(config["model"])
+    check_positions(config, task, rows, trained_positions(config["model"], folder))
     return Inputs(config, task, settings)
 
 
@@ -121,12 +125,12 @@ def check_requests(prompts: int, draws: int) -> None:
         )
 
 
-def check_model_folder(model: Mapping[str, Any]) -> None:
+def check_model_folder(model: Mapping[str, Any]) -> dict[str, Any] | None:
     """A local model folder's ``config.json``, read before torch: a JSON object whose counts (layers,
-    heads, widths) are at least 1."""
+    heads, widths) are at least 1; None when the model is not such a folder."""
     path = Path(str(model.get("pretrained"))) / "config.json"
     if not path.is_file():
-        return
+        return None
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -136,6 +140,61 @@ def check_model_folder(model: Mapping[str, Any]) -> None:
     for key, value in values.items():
         if (error := count_error(key, value)) is not None:
             raise SnapevalError(f"{path}: {key} {error}", MODEL_FIELD)
+    return values
+
+
+def trained_positions(model: Mapping[str, Any], folder: Mapping[str, Any] | None) -> int | None:
+    """The model's trained positions: ``max_position_embeddings`` (of its text model, if multimodal) in
+    its local folder's ``config.json`` (``folder``), else in the config snapeval ships for its Hub id
+    (``model.hub_id``, else ``model.pretrained``: :mod:`snapeval.memory.catalogue`); None where neither
+    says, before torch."""
+    from snapeval.memory.catalogue import shipped_config
+
+    values = folder if folder is not None else shipped_config(str(model.get("hub_id") or model["pretrained"]))
+    text = (values or {}).get("text_config")
+    for fields in (values or {}, text if isinstance(text, Mapping) else {}):
+        positions = fields.get("max_position_embeddings")
+        if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0:
+            return positions
+    return None
+
+
+def check_positions(
+    config: Mapping[str, Any], task: Task, rows: list[dict[str, Any]] | None, trained: int | None
+) -> None:
+    """Refuse a run whose sequences may pass the model's ``trained`` positions, as far as its window
+    lets them run: a generated task's ``context_length`` and answer, a data task's longest row (no token
+    is shorter than a byte) and answer; ``model.allow_past_trained_positions`` lets them, with a note."""
+    if trained is None:
+        return
+    model, new = config["model"], config["task"]["max_new_tokens"]
+    window, length = model["max_context"], config["task"].get("context_length")
+    if rows is None and length is not None:  # generated at context_length tokens, then answered
+        longest, most = min(length + new, window), trained - new
+        field, what = "task.context_length", f"{length:,} tokens and {new:,} new ones run"
+    else:
+        prompt = max((_utf8_bytes(task, row) for row in rows or ()), default=0) + TEMPLATE_TOKENS
+        longest, most = min(prompt + new, window), trained
+        field, what = (
+            "model.max_context",
+            f"a window of {window:,} tokens lets prompts and {new:,} new ones run",
+        )
+    if longest <= trained:
+        return
+    past = f"{what} past {model['name']}'s {trained:,} trained positions (max_position_embeddings)"
+    if model.get("allow_past_trained_positions"):
+        print(f"note: {field}: {past}, as model.allow_past_trained_positions allows", file=sys.stderr)
+        return
+    raise SnapevalError(
+        f"{past}: give at most {most}, or set model.allow_past_trained_positions=true for a model made "
+        "to run longer (RoPE scaling: docs/models.md)",
+        field,
+    )
+
+
+def _utf8_bytes(task: Task, row: Mapping[str, Any]) -> int:
+    """The bytes of ``row``'s messages as UTF-8: at least as many as their tokens."""
+    return sum(len(message["content"].encode()) for message in task.messages(row))
 
 
 def check_model(model: Mapping[str, Any]) -> None:

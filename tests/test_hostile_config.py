@@ -26,12 +26,15 @@ from snapeval.configs.methods import effective_params
 from snapeval.configs.task import ruler_kind
 from snapeval.gate import main as gate_main
 from snapeval.grid import grid_points, point_count
+from snapeval.plan import check_inputs
+from snapeval.results import identity
 from snapeval.tasks.ruler import KINDS
 from tests.test_bad_inputs import refusal
 
 BUDGETS = ",".join(str(200 + i) for i in range(10_000))
 MODEL_CONFIGS = "model configs: deepseek-r1, deepseek-r1-distill-llama-8b"
 HUGE_BUDGET = "cache.budget=10000000000000000000"
+SMOLLM2_POSITIONS = "8,192 trained positions (max_position_embeddings)"
 TOO_MANY_SLOTS = (
     "cache.budget: must be at most 16,777,216 slots (more positions than any model has), got 10000"
 )
@@ -108,6 +111,11 @@ CONFIG_ONLY = [  # decided by the config alone: refused before torch loads, in a
     (["cache.budget=٣"], """cache.budget: cannot parse '٣'; quote non-ASCII values: 'cache.budget="٣"'"""),
     (["run.limit=😀"], """run.limit: cannot parse '😀'; quote non-ASCII values: 'run.limit="😀"'"""),
     (["grid.params.budget=[1,é]"], """grid.params.budget: cannot parse '[1,é]'; quote non-ASCII values: """),
+    (
+        ["model.max_context=20000", "task.context_length=10000"],
+        f"task.context_length: 10,000 tokens and 32 new ones run past smollm2-135m's {SMOLLM2_POSITIONS}: "
+        "give at most 8160, or set model.allow_past_trained_positions=true",
+    ),
 ]
 
 
@@ -173,6 +181,37 @@ def test_config_overrides_compose_over_a_model_that_sets_none():
     assert compose_config()["model"].get("config_overrides") is None
 
 
+def aime_rows(tmp_path: Path, problem: str) -> list[str]:
+    """A one-row AIME data file of ``problem`` with 4,096 new tokens, over a window of 20,000 tokens."""
+    rows = tmp_path / f"{len(problem)}.jsonl"
+    rows.write_text(json.dumps({"id": 1, "problem": problem, "answer": "2"}) + "\n")
+    return [
+        "task=aime24",
+        f"task.metadata.data_path={rows}",
+        "task.max_new_tokens=4096",
+        "model.max_context=20000",
+    ]
+
+
+def test_a_data_task_past_the_trained_positions_runs_only_with_the_override(tmp_path, capsys):
+    """A window past the model's positions is refused where a row with its answer may pass them (a row
+    counted in bytes), and runs with ``model.allow_past_trained_positions``, which is stored, unhashed."""
+    long = aime_rows(tmp_path, "word " * 8000)
+    past = (
+        "a window of 20,000 tokens lets prompts and 4,096 new ones run past smollm2-135m's "
+        + SMOLLM2_POSITIONS
+    )
+    assert refusal(tmp_path, *long).startswith(f"model.max_context: {past}: give at most 8192, or set")
+    check_inputs(compose_config(*aime_rows(tmp_path, "1 + 1?")))  # short rows stay within the positions
+    allowed = compose_config(*long, "model.allow_past_trained_positions=true")
+    check_inputs(allowed)
+    note = f"note: model.max_context: {past}, as model.allow_past_trained_positions allows\n"
+    assert capsys.readouterr().err == note
+    stored, digest = identity(allowed)
+    assert stored["model"]["allow_past_trained_positions"] is True
+    assert digest == identity(compose_config(*long))[1]
+
+
 def test_grid_points_are_made_per_method_not_over_the_product_of_all_parameters(monkeypatch):
     """Setting up a grid is linear in its points: a method's points sweep only the parameters it takes."""
     calls = []
@@ -201,6 +240,20 @@ GATE_CASES = [
         ["cache=snapkv", "cache.kernel=4"],
         "[0].cache: cache.kernel: must be a positive odd",
     ),
+    (
+        ["task=ruler_passkey"],
+        ["+exp=budget_search"],
+        "[0].cache: '+exp=budget_search' is not a cache setting: give cache=NAME and cache.KEY=VALUE",
+    ),
+    (
+        ["task=ruler_passkey"],
+        ["+grid={cache: [snapstream], params: {budget: [128, 192]}}"],
+        "[0].cache: '+grid={cache: [snapstream], params: {budget: [128, 192]}}' is not a cache setting",
+    ),
+    (["task=ruler_passkey"], ["task.context_length=600"], "[0].cache: 'task.context_length=600' is not a"),
+    (["task=ruler_passkey"], ["cache=full"], "[0].cache: cache.method: must be a compressed cache, got full"),
+    (["task=ruler_passkey", "+exp=smoke"], ["cache=snapstream"], "[0].task: grid: a gate runs one cache"),
+    (["task=ruler_passkey", "cache.budget=100"], ["cache=snapkv"], "[0].task: 'cache.budget=100' sets the"),
 ]
 
 
@@ -212,6 +265,7 @@ def test_the_gate_checks_every_config_before_running_any(
         raise AssertionError("a gate ran before its configs were checked")
 
     monkeypatch.setattr("snapeval.runner.run", no_run)
+    monkeypatch.setattr("snapeval.runner.execute", no_run)  # what the gate runs its plans with
     spec = gate_spec(tmp_path, task, cache)
     assert gate_main(["--spec", str(spec), "--db", str(tmp_path / "gate.sqlite")]) == 2
     error = capsys.readouterr().err

@@ -341,6 +341,40 @@ def test_the_refusals_come_before_torch(tmp_path, foreign, torch_refused):
     assert len(lines) == len(calls) and all(line.startswith("error: ") for line in lines), lines
 
 
+# --- round four: heads no model has ---------------------------------------------------------------------
+
+IMPOSSIBLE_HEADS = [
+    (8, "8 is more than num_attention_heads (4): each KV head serves at least one query head"),
+    (0, "must be a positive integer, got 0"),
+    (3, "3 does not divide num_attention_heads (4): KV heads serve equal groups of them"),
+]
+
+
+@pytest.mark.parametrize(("kv_heads", "expected"), IMPOSSIBLE_HEADS)
+def test_kv_heads_no_model_has_are_refused(kv_heads, expected, tmp_path, capsys):
+    path = bad_config(tmp_path, "heads", {"num_attention_heads": 4, "num_key_value_heads": kv_heads})
+    assert memory_main([f"model={path}", "context=1024"]) == 2
+    assert one_line(capsys) == f"error: num_key_value_heads: {expected}"
+
+
+def test_impossible_heads_are_refused_before_torch(tmp_path, torch_refused):
+    paths = [
+        str(bad_config(tmp_path, f"heads-{kv}", {"num_attention_heads": 4, "num_key_value_heads": kv}))
+        for kv, _ in IMPOSSIBLE_HEADS
+    ]
+    script = (
+        "import sys\nfrom snapeval.memory.cli import main\n"
+        f"codes = [main([f'model={{path}}', 'context=1024']) for path in {paths!r}]\n"
+        "assert 'torch' not in sys.modules\nprint(codes)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=torch_refused, timeout=120
+    )
+    assert result.stdout == f"{[2] * len(paths)}\n", result.stderr
+    expected = [f"error: num_key_value_heads: {message}" for _, message in IMPOSSIBLE_HEADS]
+    assert result.stderr.splitlines() == expected
+
+
 # --- 11: an output that is an input or a database ------------------------------------------------------
 
 

@@ -50,6 +50,13 @@ class ModelConfig(Checked):
         when_set=True,
         help="a base model (no chat template): prompts are plain text; RULER tasks only",
     )
+    allow_past_trained_positions: bool = setting(
+        False,
+        check=boolean,
+        hashed=False,
+        when_set=True,
+        help="let a run pass the max_position_embeddings of the model's config (RoPE scaling); stored",
+    )
     config_overrides: Any = setting(  # Any: OmegaConf cannot merge a mapping into a null Dict node
         None,
         check=overrides_mapping,

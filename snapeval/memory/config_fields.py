@@ -21,6 +21,24 @@ def optional_int(config: Mapping[str, Any], key: str) -> int | None:
     return None if value is None or value == 0 else _positive(value, key)
 
 
+def kv_heads(config: Mapping[str, Any], heads: int) -> int:
+    """``num_key_value_heads`` (``heads`` when the config has none): at least 1, at most ``heads``, and
+    dividing them, each KV head serving an equal group of query heads."""
+    key = "num_key_value_heads"
+    if config.get(key) is None:
+        return heads
+    value = _positive(config[key], key)
+    if value > heads:
+        why = (
+            f"{value} is more than num_attention_heads ({heads}): each KV head serves at least one query head"
+        )
+        raise SnapevalError(why, key)
+    if heads % value:
+        why = f"{value} does not divide num_attention_heads ({heads}): KV heads serve equal groups of them"
+        raise SnapevalError(why, key)
+    return value
+
+
 def head_dim(config: Mapping[str, Any]) -> int:
     """``head_dim`` if the config sets it, else ``hidden_size // num_attention_heads`` (at least 1)."""
     if explicit := optional_int(config, "head_dim"):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from snapeval.errors import SnapevalError
 from snapeval.memory.catalogue import known_names, model_aliases, model_source, read_json, shipped_config
-from snapeval.memory.config_fields import head_dim, layer_kinds, optional_int, require_int
+from snapeval.memory.config_fields import head_dim, kv_heads, layer_kinds, optional_int, require_int
 from snapeval.memory.parameters import estimate_parameters
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ def geometry_from_config(
     fields = _config_dict(config)
     layers = require_int(fields, "num_hidden_layers")
     heads = require_int(fields, "num_attention_heads")
+    num_kv_heads = kv_heads(fields, heads)
     kv_lora_rank = optional_int(fields, "kv_lora_rank")
     rope_dim = require_int(fields, "qk_rope_head_dim") if kv_lora_rank else None
     window, sliding_layers = sliding_window_layers(fields, layers)
@@ -82,7 +83,7 @@ def geometry_from_config(
         source=source or fields.get("_source") or label,
         num_layers=layers,
         num_attention_heads=heads,
-        num_kv_heads=optional_int(fields, "num_key_value_heads") or heads,
+        num_kv_heads=num_kv_heads,
         head_dim=head_dim(fields),
         num_parameters=known_parameters or estimate_parameters(fields),
         parameters_estimated=not known_parameters,
