@@ -72,13 +72,17 @@ def check_before_hydra(overrides: list[str]) -> RunPlan | None:
     """A single run's plan, checked before Hydra starts it (and makes its output folder), its Hydra
     settings (``hydra.job.name=x``) left to Hydra; None for a sweep (``-m``) or Hydra flags, which go to
     Hydra once every override parses and names existing options (each job checks its point), and for a
-    memory job or a budget search (whose fields are checked here; a search plans each of its rounds)."""
+    memory job or a budget search (whose fields and every budget it may try are checked here)."""
     check_choices(overrides)
     if any(o.startswith("-") for o in overrides):
         return None
     config = compose_config(*(o for o in overrides if not is_hydra_setting(o)))
     evaluates = config["job"] == "evaluate"
     inputs = check_inputs(config) if evaluates else check(config)  # before torch: fields, task, data
+    if config["job"] == "search":
+        from snapeval.search import check_search
+
+        check_search(config)  # every budget it may try planned as it would run
     from snapeval.results import ResultsDB  # the database opens (or fails on run.db) in a second
 
     ResultsDB(config["run"]["db"]).close()

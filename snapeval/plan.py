@@ -97,22 +97,30 @@ def make_plan(config_or_inputs: dict[str, Any] | Inputs) -> RunPlan:
     inputs = config_or_inputs if isinstance(config_or_inputs, Inputs) else check_inputs(config_or_inputs)
     config = inputs.config
     from snapeval.models import check_device
-    from snapeval.results import identity
     from snapeval.tasks import AnswerPass
 
     check_device(config["model"].get("device", "auto"))
     AnswerPass.from_config(config["task"].get("answer_pass"))
-    points, failed = [], []
-    for setting in inputs.settings:
-        try:  # the method's declaration checks its parameters together
-            points.append(identity(setting)[0])
-        except SnapevalError as exc:
-            failed.append((setting, exc))
+    points, failed = plan_points(inputs)
     if not points:
         raise failed[0][1]
     check_drafts([point["cache"] for point in points])
     check_model(config["model"])
     return RunPlan(config, inputs.task, tuple(points), tuple(failed))
+
+
+def plan_points(inputs: Inputs) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], SnapevalError]]]:
+    """The settings' stored points (each method's declaration checks its parameters together) and the
+    settings that cannot run, each with its error; torch-free."""
+    from snapeval.results import identity
+
+    points, failed = [], []
+    for setting in inputs.settings:
+        try:
+            points.append(identity(setting)[0])
+        except SnapevalError as exc:
+            failed.append((setting, exc))
+    return points, failed
 
 
 def check_requests(prompts: int, draws: int) -> None:

@@ -25,10 +25,13 @@ tests every budget of the resolution grid on ``search.max_samples`` samples as o
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from snapeval.errors import SnapevalError
 from snapeval.stats import CONFIDENCE, STAGE_CONFIDENCE, retention, samples_needed, smallest_kept
 
 Scores = tuple[list[float], list[float]]  # (method, full) scores of the same samples, in sample order
@@ -69,6 +72,7 @@ class Decision:
 
 
 FINE_PER_ROUND = 4  # grid budgets of stage 2 evaluated together
+WAIT_S = 5.0  # between looks at samples another worker holds
 
 
 def judge(budget: int, scores: Scores, target: float, confidence: float = CONFIDENCE) -> Evidence:
@@ -204,14 +208,7 @@ def run_search(config: Mapping[str, Any]) -> str:
     from snapeval.results import ResultsDB
 
     node = config["search"]
-    settings = Settings(
-        node["method"],
-        node["target"],
-        tuple(node["budgets"]),
-        node["resolution"],
-        node["min_samples"],
-        node["max_samples"],
-    )
+    settings = settings_of(config)
     evaluate = _evaluator(config, settings)
     decisions = [search(settings, evaluate)]
     if node["compare"]:
@@ -224,6 +221,56 @@ def run_search(config: Mapping[str, Any]) -> str:
     return f"{table}\n\n{describe(*decisions)}"
 
 
+def settings_of(config: Mapping[str, Any]) -> Settings:
+    """The search's :class:`Settings` from ``config["search"]`` (one line when there is none)."""
+    node = config.get("search")
+    if not node:
+        raise SnapevalError(
+            "job=search needs a search: add +exp=budget_search (its search.* settings)", "job"
+        )
+    keys = ("method", "target", "budgets", "resolution", "min_samples", "max_samples")
+    return Settings(*(tuple(node[k]) if k == "budgets" else node[k] for k in keys))
+
+
+def check_search(config: Mapping[str, Any]) -> None:
+    """Refuse, before torch, a search that could not finish: no search node, a shard, sampled draws or a
+    grid of its own, or a budget or parameter that some budget it may try cannot run (every budget of the
+    ladder and of the resolution grid between its ends is planned as it would be run)."""
+    from snapeval.plan import check_inputs, plan_points
+
+    settings = settings_of(config)
+    if config["run"].get("shard"):
+        message = (
+            "a budget search decides on every sample; share it between workers by running it twice instead"
+        )
+        raise SnapevalError(message, "run.shard")
+    generation = config["generation"]
+    if generation.get("do_sample") or generation.get("num_samples", 1) > 1:
+        message = "a budget search pairs one greedy answer per sample; sampled draws are not separate samples"
+        raise SnapevalError(message, "generation.do_sample")
+    if config.get("grid"):
+        raise SnapevalError("a budget search makes its own grid of budgets; drop the grid", "grid")
+    low, high = min(settings.budgets), max(settings.budgets)
+    budgets = sorted({*range(low, high + 1, settings.resolution), *settings.budgets})
+    try:
+        _, failed = plan_points(check_inputs(_round_config(config, settings, budgets, settings.max_samples)))
+    except SnapevalError as exc:  # the round's grid takes the search's parameters: name them as the user did
+        field = exc.field.replace("grid.params.", "search.params.", 1) if exc.field else None
+        raise SnapevalError(
+            str(exc).removeprefix(f"{exc.field}: ") if exc.field else str(exc), field
+        ) from None
+    if failed:
+        setting, error = failed[0]
+        raise SnapevalError(f"budget {setting['cache'].get('budget')} cannot run: {error}", "search.budgets")
+
+
+def _round_config(config: Mapping[str, Any], settings: Settings, budgets: list[int], samples: int) -> dict:
+    """The grid run of one round: the full cache and the method at ``budgets``, on the first ``samples``."""
+    base = {key: value for key, value in config.items() if key != "search"}
+    grid = {"cache": ["full", settings.method], "params": {**config["search"]["params"], "budget": budgets}}
+    return {**base, "job": "evaluate", "grid": grid, "run": {**base["run"], "limit": samples}}
+
+
 def _evaluator(config: Mapping[str, Any], settings: Settings) -> Evaluate:
     """The search's ``evaluate``: a grid run of the full cache and the method at the budgets asked, on the
     first n samples (stored samples are not computed again), read back paired by sample."""
@@ -233,24 +280,28 @@ def _evaluator(config: Mapping[str, Any], settings: Settings) -> Evaluate:
     from snapeval.runner import run
     from snapeval.tasks import load_task
 
-    base = {key: value for key, value in config.items() if key != "search"}
     task = load_task(config["task"], config["seed"], settings.max_samples)
     ids = [prompt.id for prompt in task.prompts(load_tokenizer(ModelSpec.from_config(config["model"])))]
-    fixed = dict(config["search"]["params"])
+
+    def stored(cfg: dict) -> dict[str, dict[str, float]]:
+        with ResultsDB(cfg["run"]["db"]) as db:
+            by_point = {}
+            for point in grid_points(cfg):
+                key = "full" if point["cache"]["method"] == "full" else str(point["cache"]["budget"])
+                by_point[key] = {row["sample_id"]: row["score"] for row in db.samples_for(identity(point)[1])}
+            return by_point
 
     def evaluate(budgets: list[int], samples: int) -> dict[int, Scores]:
-        grid = {"cache": ["full", settings.method], "params": {**fixed, "budget": budgets}}
-        cfg = {**base, "job": "evaluate", "grid": grid, "run": {**base["run"], "limit": samples}}
-        run(cfg)
+        cfg = _round_config(config, settings, budgets, samples)
         wanted = ids[:samples]
-        with ResultsDB(cfg["run"]["db"]) as db:
-            scores, full = {}, {}
-            for point in grid_points(cfg):
-                stored = {row["sample_id"]: row["score"] for row in db.samples_for(identity(point)[1])}
-                if point["cache"]["method"] == "full":
-                    full = stored
-                else:
-                    scores[point["cache"]["budget"]] = stored
-        return {b: ([s[i] for i in wanted], [full[i] for i in wanted]) for b, s in scores.items()}
+        run(cfg)
+        scores = stored(cfg)
+        while missing := sum(i not in by_id for by_id in scores.values() for i in wanted):
+            print(f"waiting for {missing} samples that another worker holds", file=sys.stderr, flush=True)
+            time.sleep(WAIT_S)
+            run(cfg)  # computes whatever a dead worker's expired claims returned
+            scores = stored(cfg)
+        full = scores.pop("full")
+        return {int(b): ([s[i] for i in wanted], [full[i] for i in wanted]) for b, s in scores.items()}
 
     return evaluate

@@ -4,8 +4,11 @@ budget below one that does not pass, and run end to end as stored runs."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
+
+import pytest
 
 from snapeval.__main__ import check_before_hydra
 from snapeval.configs.compose import compose_config
@@ -189,3 +192,72 @@ def test_a_search_runs_as_stored_grid_runs_and_stores_its_decision(tmp_path, tin
     assert [d["decision"]["samples_spent"] for d in decisions] == [3 * 4, 3 * 4]  # 2 budgets + full, 4 each
     assert {run["method"] for run in runs} == {"full", "snapstream"}
     assert all(run["status"] == "finished" for run in runs)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["job=search"], "job: job=search needs a search: add +exp=budget_search"),
+        (["+exp=budget_search", "run.shard=0/2"], "run.shard: a budget search decides on every sample"),
+        (
+            ["+exp=budget_search", "generation.do_sample=true", "generation.num_samples=2"],
+            "generation.do_sample: a budget search pairs one greedy answer per sample",
+        ),
+        (
+            ["+exp=budget_search", "search.budgets=[1,2]"],
+            "search.budgets: budget 1 cannot run: cache.budget:",
+        ),
+        (
+            ["+exp=budget_search", "+search.params.window=9999"],
+            "search.budgets: budget 128 cannot run: cache.budget: must be an integer larger than",
+        ),
+        (["+exp=budget_search", "+search.params.bogus=1"], "search.params.bogus: no method of this grid"),
+    ],
+)
+def test_a_search_that_could_not_finish_is_refused_before_torch(tmp_path, torch_refused, overrides, expected):
+    """Each of these ran a round (or all of it) before failing with a traceback."""
+    result = subprocess.run(
+        [sys.executable, "-m", "snapeval", *overrides, f"run.db={tmp_path / 'db'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=torch_refused,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: {expected}") and result.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_two_identical_searches_on_one_database_share_it(tmp_path, tiny_llama_overrides):
+    """Started at once, each claims part of every round's samples and waits for the other's (this was a
+    KeyError): both decide the same, the decision is stored once, and no sample is computed twice."""
+    database = tmp_path / "db.sqlite"
+    overrides = [
+        *tiny_llama_overrides,
+        "+exp=budget_search",
+        "search.budgets=[128,160]",
+        "search.target=0.3",
+        "search.min_samples=2",
+        "search.max_samples=8",
+        "task.context_length=256",
+        "task.max_new_tokens=2",
+        "task.num_prompts=8",
+        "run.batch_size=1",
+        f"run.db={database}",
+    ]
+    command = [sys.executable, "-m", "snapeval", *overrides]
+    workers = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"
+    ]
+    outputs = [worker.communicate(timeout=600) for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], [err[-2000:] for _, err in outputs]
+    assert all("the full cache got no sample right" in out for out, _ in outputs)
+    assert outputs[0][0] == outputs[1][0]
+    with ResultsDB(database) as db:
+        assert len(db.decisions()) == 1
+    with sqlite3.connect(database) as connection:
+        samples = connection.execute(
+            "SELECT config_hash, COUNT(*) FROM samples GROUP BY config_hash"
+        ).fetchall()
+    assert sorted(count for _, count in samples) == [8, 8, 8]  # full, 128, 160: each sample stored once
