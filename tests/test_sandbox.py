@@ -380,7 +380,7 @@ def test_a_program_cannot_read_the_expected_answers(open_folder: Path, where: st
     # but for that: its other files do not
     inside = {
         Path(p).relative_to(PROJECT).parts[0]
-        for p in (sys.prefix, sys.executable)
+        for p in (sys.prefix, sys.exec_prefix, sys.executable)
         if PROJECT in Path(p).parents
     }
     assert set(eval(lines[3])) == inside
