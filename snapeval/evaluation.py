@@ -108,7 +108,7 @@ class Evaluation:
             batcher.run([], self.on_answer, more=feed.next)
             if not feed.claimed_any:
                 return  # the rest is claimed by live workers: theirs to store
-            done = {point.digest: self.db.done_sample_ids(point.digest) for point in group}
+            done = self.db.done_by_hash(point.digest for point in group)
             queued = [request for request in queued if not stored_in(request, done)]
 
     def request(self, point: Point, prompt: Prompt, messages: Any, max_new: int, calls: Calls) -> Request:

@@ -4,22 +4,27 @@ sample not yet stored generated, scored, recorded, and summarized.
 The runner knows no compression method (the batcher builds caches with :func:`snapeval.cache.build_cache`)
 and no task (the plan holds it). Each scored sample is committed to the results database as soon as it is
 done, so an interrupted run resumes where it stopped. A grid (:mod:`snapeval.grid`) is stored as one run
-per cache setting, exactly as those settings run one at a time would be.
+per cache setting, exactly as those settings run one at a time would be; its runs start, and close, in
+one transaction. Ctrl-C or SIGTERM closes them as interrupted, and so does a write that fails (the disk
+full): one line naming ``run.db``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from sqlalchemy.exc import DBAPIError
 
 from snapeval.errors import SnapevalError
 from snapeval.evaluation import Evaluation, Point
 from snapeval.models import ModelSpec, check_chat, load_tokenizer
 from snapeval.plan import RunPlan, make_plan
 from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
+from snapeval.results.connect import write_error
 from snapeval.results.leases import Lease
 from snapeval.tasks import Prompt
 from snapeval.workers import shard, terminate_as_interrupt
@@ -62,8 +67,8 @@ def run(cfg: dict[str, Any]) -> list[RunSummary]:
     try:
         plan = make_plan(cfg)
     except SnapevalError as exc:
-        with contextlib.suppress(SnapevalError), ResultsDB(cfg["run"]["db"]) as db:
-            _record_failure(db, cfg, exc)
+        with contextlib.suppress(SnapevalError, DBAPIError), ResultsDB(cfg["run"]["db"]) as db:
+            _record_failures(db, [(cfg, exc)])
         raise
     return execute(plan)
 
@@ -71,58 +76,90 @@ def run(cfg: dict[str, Any]) -> list[RunSummary]:
 def execute(plan: RunPlan) -> list[RunSummary]:
     """Evaluate the plan's model and task with each of its cache settings; store every sample; return one
     summary per setting. A setting the plan set aside (impossible parameters) is recorded as failed and
-    skipped, its error printed. Nothing is checked again."""
-    cfg, task = plan.config, plan.task
+    skipped, its error printed. Nothing is checked again. A write to the database that fails is a
+    :class:`SnapevalError` on ``run.db`` (its runs closed as interrupted where the database lets them)."""
+    cfg = plan.config
     with ResultsDB(cfg["run"]["db"]) as db:
-        for setting, exc in plan.failed:  # recorded, so that a sweep's summary shows the failed point
-            _record_failure(db, setting, exc)
-            print(f"error: {exc} (this grid point is skipped)", file=sys.stderr)
-        spec = ModelSpec.from_config(cfg["model"])
-        tokenizer = load_tokenizer(spec)
-        check_chat(tokenizer, cfg["model"])
-        prompts = draws(task.prompts(tokenizer), cfg["generation"]["num_samples"])
-        prompts = shard(prompts, cfg["run"]["shard"])
-        lease_s = cfg["run"].get("lease_s", DEFAULT_LEASE_S)
-        points = _start_points(db, list(plan.points), prompts, lease_s)
-        run_ids = [point.run_id for point in points]
         try:
-            with terminate_as_interrupt(), Lease(lambda: db.renew(run_ids, lease_s), lease_s):
+            return _execute(plan, db)
+        except DBAPIError as exc:
+            raise write_error(exc, db.url) from None
+
+
+def _execute(plan: RunPlan, db: ResultsDB) -> list[RunSummary]:
+    cfg, task = plan.config, plan.task
+    _record_failures(db, plan.failed)  # recorded, so that a sweep's summary shows the failed points
+    for _, exc in plan.failed:
+        print(f"error: {exc} (this grid point is skipped)", file=sys.stderr)
+    spec = ModelSpec.from_config(cfg["model"])
+    tokenizer = load_tokenizer(spec)
+    check_chat(tokenizer, cfg["model"])
+    prompts = draws(task.prompts(tokenizer), cfg["generation"]["num_samples"])
+    prompts = shard(prompts, cfg["run"]["shard"])
+    lease_s = cfg["run"].get("lease_s", DEFAULT_LEASE_S)
+    with terminate_as_interrupt():  # from the runs' start: SIGTERM closes every one of them
+        run_ids: list[int] = []
+        try:
+            points = _start_points(db, list(plan.points), prompts, lease_s)
+            run_ids += [point.run_id for point in points]
+            with Lease(lambda: db.renew(run_ids, lease_s), lease_s):
                 if any(point.todo for point in points):
                     Evaluation(cfg, spec, tokenizer, task, points, db).run(prompts, lease_s)
+            db.finish_runs(run_ids, "finished")
         except KeyboardInterrupt:
-            for point in points:
-                db.finish_run(point.run_id, "interrupted")
+            _close(db, run_ids, "interrupted")
             raise
+        except DBAPIError as exc:
+            failure = write_error(exc, db.url)
+            _close(db, run_ids, "interrupted", str(failure))
+            raise failure from None
         except Exception as exc:
-            for point in points:
-                db.finish_run(point.run_id, "failed", f"{type(exc).__name__}: {exc}")
+            _close(db, run_ids, "failed", f"{type(exc).__name__}: {exc}")
             raise
         wanted = {prompt.id for prompt in prompts}
-        summaries = []
-        for point in points:
-            db.finish_run(point.run_id, "finished")
-            rows = [row for row in db.samples_for(point.digest) if row["sample_id"] in wanted]
-            summaries.append(_summarize(point, rows))
-    return summaries
+        return [
+            _summarize(point, [row for row in db.samples_for(point.digest) if row["sample_id"] in wanted])
+            for point in points
+        ]
 
 
-def _record_failure(db: ResultsDB, cfg: Mapping[str, Any], exc: SnapevalError) -> None:
-    stored = stored_config(cfg, cfg["cache"])  # the cache as given: it could not be built
-    db.finish_run(db.start_run(stored, config_hash(stored)), "failed", str(exc))
+def _close(db: ResultsDB, run_ids: list[int], status: str, error: str | None = None) -> None:
+    """Close the runs after an error if the database lets them: a second try after its connections
+    close (SQLite then folds its write-ahead log back into the file, which can free a full disk). Where
+    it does not, their worker's exit shows them stale and their claims return to the next worker
+    (:mod:`snapeval.results.leases`)."""
+    try:
+        db.finish_runs(run_ids, status, error)
+    except DBAPIError:
+        db.engine.dispose()
+        with contextlib.suppress(DBAPIError):
+            db.finish_runs(run_ids, status, error)
+
+
+def _record_failures(db: ResultsDB, failed: Sequence[tuple[Mapping[str, Any], SnapevalError]]) -> None:
+    """Record each config that could not run as a failed run, with its error, in one transaction."""
+    entries = []
+    for cfg, exc in failed:
+        stored = stored_config(cfg, cfg["cache"])  # the cache as given: it could not be built
+        entries.append((stored, config_hash(stored), str(exc)))
+    if entries:
+        db.record_failures(entries)
 
 
 def _start_points(
     db: ResultsDB, configs: list[dict[str, Any]], prompts: list[Prompt], lease_s: float
 ) -> list[Point]:
-    """A started run per distinct config, the full cache's first (its outputs are the others' reference)."""
-    points: dict[str, Point] = {}
+    """A started run per distinct config, the full cache's first (its outputs are the others' reference):
+    one query for what is stored, one transaction for the runs."""
+    distinct: dict[str, dict[str, Any]] = {}
     for config in sorted(configs, key=lambda config: config["cache"]["method"] != "full"):
-        digest = config_hash(config)
-        if digest not in points:
-            done = db.done_sample_ids(digest)
-            todo = {prompt.id for prompt in prompts if prompt.id not in done}
-            points[digest] = Point(config, digest, db.start_run(config, digest, lease_s), todo)
-    return list(points.values())
+        distinct.setdefault(config_hash(config), config)
+    done = db.done_by_hash(distinct)
+    run_ids = db.start_runs([(config, digest) for digest, config in distinct.items()], lease_s)
+    return [
+        Point(config, digest, run_id, {prompt.id for prompt in prompts if prompt.id not in done[digest]})
+        for (digest, config), run_id in zip(distinct.items(), run_ids, strict=True)
+    ]
 
 
 def _summarize(point: Point, rows: list[dict[str, Any]]) -> RunSummary:

@@ -2,22 +2,31 @@
 claims on samples in the results database as it goes (workers started on one point split it, and a dead
 worker's claims return after ``run.lease_s``), and SIGTERM ending a run as interrupted, not as running.
 
+A grid of more than :data:`SETTINGS_PER_PREFILL` settings is handed to the batcher that many at a time
+per problem (the first time, only as many as it has rows), each group claimed in one transaction: memory
+and the wait for the first answer stay bounded however many settings the grid has.
+
 Requests carry ``tag = (point, prompt, calls)`` (:mod:`snapeval.runner`); a point has ``digest``
 (its config hash), ``run_id`` and ``claimed`` (the sample ids this worker holds).
 """
 
 from __future__ import annotations
 
+import itertools
 import signal
 import threading
-from collections import deque
-from collections.abc import Iterator, Mapping
+from collections import defaultdict, deque
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from itertools import groupby
 
 from snapeval.continuous import Request
 from snapeval.results import ResultsDB
 from snapeval.tasks import Prompt
+
+SETTINGS_PER_PREFILL = 64
+"""The most settings of a grid that share one prefill of a problem: each holds its compressed prompt
+until a row takes it, so a larger grid prefills each problem once per this many settings, and its first
+group only fills the rows (its answers come about as soon as one setting's would)."""
 
 
 def shard(prompts: list[Prompt], spec: str | None) -> list[Prompt]:
@@ -35,13 +44,18 @@ class Terminated(KeyboardInterrupt):
 
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into :class:`Terminated` while the block runs (main thread only; others cannot)."""
+    """Turn SIGTERM into :class:`Terminated` while the block runs (main thread only; others cannot);
+    a SIGTERM after the first is ignored, so that closing the runs is not cut short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    received = False
 
     def stop(signum: int, frame: object) -> None:
-        raise Terminated
+        nonlocal received
+        if not received:
+            received = True
+            raise Terminated
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
@@ -51,28 +65,57 @@ def terminate_as_interrupt() -> Iterator[None]:
 
 
 class ClaimingFeed:
-    """Hands the batcher the queued requests of one problem (its draws and grid points together) at a
-    time, after claiming their samples in the database: a sample that another live worker claimed or
-    stored is skipped, so that workers on one point split its samples."""
+    """Hands the batcher the queued requests of one problem (its draws and grid points together; a
+    larger grid's in groups of points, see :data:`SETTINGS_PER_PREFILL`) at a time, after claiming their
+    samples in the database: a sample that another live worker claimed or stored is skipped, so that
+    workers on one point split its samples."""
 
     def __init__(self, db: ResultsDB, queued: list[Request], batch_size: int, lease_s: float) -> None:
         self.db, self.batch_size, self.lease_s = db, batch_size, lease_s
-        self.problems = deque(list(group) for _, group in groupby(queued, key=_problem_of))
+        split = len({request.tag[0].digest for request in queued}) > SETTINGS_PER_PREFILL
+        first = min(batch_size, SETTINGS_PER_PREFILL) if split else SETTINGS_PER_PREFILL
+        sizes = itertools.chain([first], itertools.repeat(SETTINGS_PER_PREFILL))
+        self.groups = deque(
+            group
+            for _, problem in itertools.groupby(queued, key=_problem_of)
+            for group in _by_points(problem, sizes)
+        )
         self.claimed_any = False
 
     def next(self) -> list[Request]:
-        """The next problems' requests that this worker claimed (a batch's worth, unless none are left)."""
+        """The next groups' requests that this worker claimed (a batch's worth, unless none are left)."""
         handed: list[Request] = []
-        while self.problems and len(handed) < self.batch_size:
-            problem = self.problems.popleft()
-            mine: dict[str, set[str]] = {}
-            for point in {request.tag[0].digest: request.tag[0] for request in problem}.values():
-                ids = [request.tag[1].id for request in problem if request.tag[0] is point]
-                mine[point.digest] = self.db.claim(point.digest, ids, point.run_id, self.lease_s)
-                point.claimed |= mine[point.digest]
-            handed += [request for request in problem if request.tag[1].id in mine[request.tag[0].digest]]
+        while self.groups and len(handed) < self.batch_size:
+            group = self.groups.popleft()
+            points, ids = {}, defaultdict(list)
+            for request in group:
+                point, prompt = request.tag[0], request.tag[1]
+                points[point.digest] = point
+                ids[point.digest].append(prompt.id)
+            wanted = {digest: (point.run_id, ids[digest]) for digest, point in points.items()}
+            mine = self.db.claim_points(wanted, self.lease_s)
+            for digest, point in points.items():
+                point.claimed |= mine[digest]
+            handed += [request for request in group if request.tag[1].id in mine[request.tag[0].digest]]
         self.claimed_any |= bool(handed)
         return handed
+
+
+def _by_points(problem: Iterable[Request], sizes: Iterator[int]) -> list[list[Request]]:
+    """A problem's requests in groups of whole points, in order, each of as many points as ``sizes``
+    gives next."""
+    group_of: dict[str, int] = {}
+    groups: list[list[Request]] = []
+    room = 0  # points the groups so far can hold
+    for request in problem:
+        digest = request.tag[0].digest
+        if digest not in group_of:
+            if len(group_of) == room:
+                groups.append([])
+                room += next(sizes)
+            group_of[digest] = len(groups) - 1
+        groups[group_of[digest]].append(request)
+    return groups
 
 
 def stored_in(request: Request, done: Mapping[str, set[str]]) -> bool:

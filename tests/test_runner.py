@@ -3,13 +3,22 @@ on a tiny random-weight Llama with SmolLM2's tokenizer (prompts as on the embedd
 
 from __future__ import annotations
 
+import sqlite3
+import subprocess
+import sys
+
 import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import OperationalError
 
 from snapeval import runner
+from snapeval.cli import report
+from snapeval.errors import SnapevalError
 from snapeval.evaluation import Evaluation
 from snapeval.generation import generate
 from snapeval.models import encode_chat
 from snapeval.results import ResultsDB, load
+from snapeval.results.schema import claims, runs
 from snapeval.tables import run_table
 
 from .conftest import compose_config
@@ -156,3 +165,62 @@ def test_runner_answers_equal_the_plain_one_by_one_generator(tiny, tmp_path, one
         ids = encode_chat(tokenizer, prompt.messages)
         plain = generate(model, ids, FullCache(), 24, {tokenizer.eos_token_id})
         assert len(plain.tokens) == 24 and tokenizer.decode(plain.tokens, skip_special_tokens=True) == output
+
+
+def ended_pid() -> int:
+    """The pid of a process of this host that has ended."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def disk_full() -> OperationalError:
+    """What SQLAlchemy raises when SQLite finds the database's disk full."""
+    return OperationalError(
+        "INSERT INTO samples ...", {}, sqlite3.OperationalError("database or disk is full")
+    )
+
+
+@pytest.mark.parametrize("closing", ["closes", "fails too"])
+def test_a_full_disk_mid_run_is_one_line_and_the_run_resumes(closing, tiny, tmp_path, monkeypatch, capsys):
+    """The database's disk fills after the first sample (one row at a time): one line naming run.db, the
+    database and the space left, exit code 2; the run closed as interrupted, its claims dropped. Where the
+    full disk refuses that too, the run is stale once its worker has exited, and a resume takes its claims."""
+    path = tmp_path / "db.sqlite"
+    overrides = (*tiny, "run.limit=3", "task.context_length=256", "task.max_new_tokens=4", "run.batch_size=1")
+    add_sample, finish_runs = ResultsDB.add_sample, ResultsDB.finish_runs
+
+    def fills_up(db, *args):
+        if db.done_sample_ids(args[1]):
+            raise disk_full()
+        return add_sample(db, *args)
+
+    def refused(db, run_ids, status, error=None):
+        if status == "interrupted":
+            raise disk_full()
+        finish_runs(db, run_ids, status, error)
+
+    monkeypatch.setattr(ResultsDB, "add_sample", fills_up)
+    if closing == "fails too":
+        monkeypatch.setattr(ResultsDB, "finish_runs", refused)
+    with pytest.raises(SnapevalError) as raised:
+        runner.run(config(tmp_path, *overrides))
+    capsys.readouterr()
+    assert report(raised.value) == 2
+    line = capsys.readouterr().err
+    assert line.count("\n") == 1 and line.startswith(
+        f"error: run.db: cannot write to {path}: database or disk is full ("
+    )
+    assert " MiB free of " in line and line.endswith("the same command resumes the run\n")
+    monkeypatch.undo()
+    with ResultsDB(path) as db, db.engine.begin() as conn:
+        status = conn.execute(select(runs.c.status)).scalar_one()
+        claimed = conn.execute(select(func.count()).select_from(claims)).scalar_one()
+        assert (status, claimed > 0) == (("interrupted", False) if closing == "closes" else ("running", True))
+        conn.execute(update(runs).values(pid=ended_pid()))  # its worker has exited
+    [resumed] = runner.run(config(tmp_path, *overrides))
+    assert (resumed.n, resumed.computed) == (3, 2)
+    with ResultsDB(path) as db, db.engine.connect() as conn:
+        states = [run["status"] for run in db.run_states()]
+        assert conn.execute(select(func.count()).select_from(claims)).scalar() == 0
+    assert states == ["interrupted" if closing == "closes" else "stale", "finished"]

@@ -4,25 +4,32 @@ joblib launcher on a real PostgreSQL server (pgserver, on a Unix socket inside t
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
+import types
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, func, select
 
+from snapeval import runner
 from snapeval.__main__ import check_before_hydra
 from snapeval.cli import report
+from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
-from snapeval.results import ResultsDB
+from snapeval.grid import grid_points
+from snapeval.results import ResultsDB, config_hash
 from snapeval.results.leases import needing_attention
-from snapeval.results.schema import runs, samples
-from snapeval.workers import shard
+from snapeval.results.schema import claims, runs, samples
+from snapeval.workers import SETTINGS_PER_PREFILL, ClaimingFeed, Terminated, shard
 
 #: A small point of the embedded model: 128-token passkey prompts, one row at a time so that samples
 #: are claimed one by one.
@@ -287,3 +294,110 @@ def test_sharded_sweep_with_the_joblib_launcher_on_postgresql_then_resume(postgr
         rows = [row for digest in {run["config_hash"] for run in passkey} for row in db.samples_for(digest)]
     assert len(passkey) == 8 and all(run["status"] == "finished" for run in passkey)
     assert len(rows) == 8 and {row["run_id"] for row in rows} <= first_runs  # resumed: nothing computed again
+
+
+def budget_grid(points: int, *methods: str) -> str:
+    budgets = ", ".join(str(112 + 16 * i) for i in range(points))
+    return f"grid={{cache: [{', '.join(methods or ['snapstream'])}], params: {{budget: [{budgets}]}}}}"
+
+
+def test_sigterm_closes_every_run_of_a_grid_at_once(tiny_llama_overrides, tmp_path, one_torch_thread):
+    """SIGTERM (twice) while a grid evaluates: the run stops within seconds, each setting's run is closed
+    as interrupted and no claim is left."""
+    path = tmp_path / "db.sqlite"
+    cfg = compose_config(
+        f"run.db={path}", "run.progress=false", *tiny_llama_overrides, budget_grid(8, "full", "snapstream"),
+        "run.limit=4", "task.context_length=256", "task.max_new_tokens=200", "run.batch_size=2",
+    )  # fmt: skip
+    sent: list[float] = []
+
+    def terminate_once_claimed() -> None:
+        deadline = time.monotonic() + 120
+        while not claims_taken(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sent.append(time.monotonic())
+        for _ in range(2):  # a second one, as from an impatient scheduler, must not cut the closing short
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a late signal must not end pytest
+    try:
+        watcher = threading.Thread(target=terminate_once_claimed)
+        watcher.start()
+        with pytest.raises(Terminated):
+            runner.run(cfg)
+        stopped = time.monotonic()
+        watcher.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped - sent[0] < 10
+    with ResultsDB(path) as db, db.engine.connect() as conn:
+        states = [run["status"] for run in db.run_states()]
+        assert conn.execute(select(func.count()).select_from(claims)).scalar() == 0
+    assert states == ["interrupted"] * 9  # the full cache and 8 budgets
+
+
+def claims_taken(path: Path) -> bool:
+    """Whether a worker holds a claim in the database at ``path`` (read-only; none before it exists)."""
+    if not path.exists():
+        return False
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        return conn.execute("SELECT count(*) FROM claims").fetchone()[0] > 0
+    except sqlite3.OperationalError:  # its tables are not made yet
+        return False
+    finally:
+        conn.close()
+
+
+class CountedRequest:
+    """A request of the batcher as the claiming feed reads it: its tag, each read counted."""
+
+    reads = 0
+
+    def __init__(self, point: object, prompt: object) -> None:
+        self._tag = (point, prompt, [])
+
+    @property
+    def tag(self) -> tuple:
+        CountedRequest.reads += 1
+        return self._tag
+
+
+def planning_work(tmp_path: Path, points: int, prompts: int, monkeypatch) -> dict[str, int]:
+    """Transactions, config hashes and request reads that starting a grid of ``points`` settings and
+    claiming all of its ``prompts`` samples take, without a model."""
+    configs = grid_points(compose_config(budget_grid(points)))
+    assert len(configs) == points
+    problems = [types.SimpleNamespace(id=f"s{i}", metadata={}) for i in range(prompts)]
+    hashes = []
+    monkeypatch.setattr(runner, "config_hash", lambda config: hashes.append(1) or config_hash(config))
+    CountedRequest.reads = 0
+    with ResultsDB(tmp_path / f"{points}.sqlite") as db:
+        commits = []
+        event.listen(db.engine, "commit", lambda conn: commits.append(1))
+        started = runner._start_points(db, configs, problems, lease_s=60)
+        start_commits = len(commits)
+        queued = [CountedRequest(point, problem) for problem in problems for point in started]
+        feed = ClaimingFeed(db, queued, batch_size=8, lease_s=60)
+        while feed.next():
+            pass
+    assert all(len(point.claimed) == prompts for point in started)
+    return {
+        "start": start_commits,
+        "claims": len(commits) - start_commits,
+        "hashes": len(hashes),
+        "reads": CountedRequest.reads,
+    }
+
+
+def test_planning_a_grid_is_linear_in_its_settings(tmp_path, monkeypatch):
+    """Starting a grid's runs takes one transaction whatever its size; claiming its samples one per
+    problem and :data:`SETTINGS_PER_PREFILL` settings (and the first group, only the rows' worth); each
+    setting is hashed once and each request read a fixed number of times: ten times the settings, ten
+    times the work, not a hundred."""
+    small, large = (planning_work(tmp_path, points, 3, monkeypatch) for points in (100, 1000))
+    assert small["start"] == large["start"] == 1
+    assert large["claims"] == 3 * math.ceil(1000 / SETTINGS_PER_PREFILL) + 1  # the first group: 8 rows
+    assert (small["hashes"], large["hashes"]) == (100, 1000)
+    assert large["reads"] <= 10 * small["reads"]

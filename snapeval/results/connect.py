@@ -17,6 +17,7 @@ an older snapeval lacks read as empty (:func:`snapeval.results.schema.stored_tab
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 from contextlib import suppress
 from pathlib import Path
@@ -262,3 +263,20 @@ def _reason(exc: DBAPIError) -> str:
     if "file is not a database" in reason:
         return f"{reason} (the file is not a SQLite database, or it is corrupt)"
     return reason
+
+
+def write_error(exc: DBAPIError, url: str, field: str = FIELD) -> SnapevalError:
+    """A write to the open database at ``url`` that failed (its disk full, say), in one line on ``field``:
+    the driver's reason and, for a SQLite file, the space left on its disk."""
+    path = sqlite_path(url)
+    where = _short(path) if path is not None else _shown(make_url(url))
+    space = ""
+    if path is not None:
+        with suppress(OSError):
+            usage = shutil.disk_usage(path.absolute().parent)
+            space = f" ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB on its disk)"
+    return SnapevalError(
+        f"cannot write to {where}: {_reason(exc)}{space}; the samples stored so far are kept, and the same "
+        "command resumes the run",
+        field,
+    )

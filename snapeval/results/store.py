@@ -4,28 +4,17 @@ run resumes from what it stored), memory estimates, and the whole database as a 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from snapeval.protocols import flatten
 from snapeval.results.connect import database_url, open_engine
-from snapeval.results.identity import ALIASES, config_hash, git_sha, package_versions, run_config, upgraded
-from snapeval.results.leases import (
-    DEFAULT_LEASE_S,
-    STALE_ERROR,
-    Clock,
-    expiry,
-    run_state,
-    utcnow,
-    worker_gone,
-)
+from snapeval.results.identity import ALIASES, config_hash, run_config, upgraded
+from snapeval.results.leases import Clock, RunLedger, insert_into, run_state, utcnow
 from snapeval.results.schema import (
-    RunStatus,
     claims,
     decisions,
     memory_estimates,
@@ -38,12 +27,10 @@ from snapeval.results.schema import (
 if TYPE_CHECKING:  # pandas loads with the first DataFrame: opening a database (or refusing one) is faster
     import pandas as pd
 
-#: The supported databases, with their INSERT that can skip or replace a row already stored.
-_INSERT_ON_CONFLICT = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 
-
-class ResultsDB:
-    """Runs and their samples. Each write commits at once, so a killed run keeps what it stored."""
+class ResultsDB(RunLedger):
+    """Runs and their samples. Each write commits at once, so a killed run keeps what it stored; runs
+    start and close, and claims are taken, through :class:`~snapeval.results.leases.RunLedger`."""
 
     def __init__(
         self,
@@ -74,95 +61,6 @@ class ResultsDB:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    def start_run(self, config: Mapping[str, Any], config_hash: str, lease_s: float = DEFAULT_LEASE_S) -> int:
-        """Record a new running run of ``config`` with its provenance (alive for ``lease_s`` unless
-        renewed, see :class:`~snapeval.results.leases.Lease`); return its id."""
-        flat, now = flatten(config), self.clock()
-        values = {
-            "created_at": now,
-            "status": "running",
-            "git_sha": git_sha(),
-            "versions": package_versions(),
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "expires_at": expiry(lease_s, now),
-            "config": dict(config),
-            "config_hash": config_hash,
-            "model": flat.get(ALIASES["model"]),
-            "task": flat.get(ALIASES["task"]),
-            "method": flat.get(ALIASES["method"]),
-        }
-        with self.engine.begin() as conn:
-            run_id = conn.execute(runs.insert().values(values)).inserted_primary_key[0]
-        self._close_stale(config_hash, run_id)
-        return run_id
-
-    def _close_stale(self, config_hash: str, run_id: int) -> None:
-        """Mark the runs of ``config_hash`` still ``running`` whose worker is gone (killed, its node lost)
-        as failed, naming why, so that the runs table no longer shows them running."""
-        query = select(runs).where(
-            (runs.c.config_hash == config_hash) & (runs.c.status == "running") & (runs.c.id != run_id)
-        )
-        now = self.clock()
-        with self.engine.connect() as conn:
-            dead = [run for run in conn.execute(query).mappings() if run_state(run, now) == "stale"]
-        with self.engine.begin() as conn:
-            for run in dead:
-                error = (
-                    f"{STALE_ERROR} its worker ({run['hostname']}, pid {run['pid']}) was gone (killed or "
-                    f"lost) when run {run_id} of the same point started"
-                )
-                still_running = (runs.c.id == run["id"]) & (runs.c.status == "running")
-                values = {"status": "failed", "error": error, "finished_at": now}
-                conn.execute(update(runs).where(still_running).values(values))
-                conn.execute(delete(claims).where(claims.c.run_id == run["id"]))
-
-    def finish_run(self, run_id: int, status: RunStatus = "finished", error: str | None = None) -> None:
-        """Close a run with its final status (and error message, if it failed); drop its claims."""
-        values = {"status": status, "error": error, "finished_at": self.clock()}
-        with self.engine.begin() as conn:
-            conn.execute(update(runs).where(runs.c.id == run_id).values(values))
-            conn.execute(delete(claims).where(claims.c.run_id == run_id))
-
-    def claim(self, config_hash: str, sample_ids: Iterable[str], run_id: int, lease_s: float) -> set[str]:
-        """Claim for ``run_id`` those of ``sample_ids`` that are neither stored nor claimed by a live
-        worker (claims expire after ``lease_s`` unless renewed); return the ones this run now holds."""
-        ids = [str(sample_id) for sample_id in sample_ids]
-        if not ids:
-            return set()
-        now = self.clock()
-        held = (claims.c.config_hash == config_hash) & claims.c.sample_id.in_(ids)
-        holders = select(runs.c.id, runs.c.hostname, runs.c.pid).where(
-            runs.c.id.in_(select(claims.c.run_id).where(held))
-        )
-        with self.engine.connect() as conn:
-            gone = [run.id for run in conn.execute(holders) if worker_gone(run.hostname, run.pid)]
-        rows = [
-            {"config_hash": config_hash, "sample_id": i, "run_id": run_id, "expires_at": expiry(lease_s, now)}
-            for i in ids
-        ]
-        stored = select(samples.c.sample_id).where(
-            samples.c.config_hash == config_hash, samples.c.sample_id.in_(ids)
-        )
-        with self.engine.begin() as conn:  # a write first: SQLite takes its write lock before any read
-            conn.execute(
-                delete(claims).where(held & ((claims.c.expires_at < now) | claims.c.run_id.in_(gone)))
-            )
-            insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](claims)
-            conn.execute(insert.on_conflict_do_nothing(), rows)
-            mine = set(
-                conn.execute(select(claims.c.sample_id).where(held & (claims.c.run_id == run_id))).scalars()
-            )
-            return mine - set(conn.execute(stored).scalars())
-
-    def renew(self, run_ids: Iterable[int], lease_s: float) -> None:
-        """Heartbeat: keep the running runs ``run_ids`` and their claims alive for another ``lease_s``."""
-        ids, until = list(run_ids), expiry(lease_s, self.clock())
-        with self.engine.begin() as conn:
-            alive = runs.c.id.in_(ids) & (runs.c.status == "running")
-            conn.execute(update(runs).where(alive).values(expires_at=until))
-            conn.execute(update(claims).where(claims.c.run_id.in_(ids)).values(expires_at=until))
 
     def run_states(self) -> list[dict[str, Any]]:
         """Every run (id, config hash, model, task, method, host, pid, created, shard, status, error),
@@ -196,7 +94,7 @@ class ResultsDB:
             "config_hash": config_hash,
             "created_at": self.clock(),
         }
-        insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](samples).values(values)
+        insert = insert_into(self.engine, samples).values(values)
         claim = (claims.c.config_hash == config_hash) & (claims.c.sample_id == values["sample_id"])
         with self.engine.begin() as conn:
             skip = insert.on_conflict_do_nothing(index_elements=["config_hash", "sample_id"])
@@ -228,10 +126,17 @@ class ResultsDB:
 
     def done_sample_ids(self, config_hash: str) -> set[str]:
         """Ids of the samples already stored for this config, by any run."""
+        return self.done_by_hash([config_hash])[config_hash]
+
+    def done_by_hash(self, config_hashes: Iterable[str]) -> dict[str, set[str]]:
+        """:meth:`done_sample_ids` of each of ``config_hashes``, in one query."""
+        done: dict[str, set[str]] = {digest: set() for digest in config_hashes}
         stored = self.tables[samples.name]
-        query = select(stored.c.sample_id).where(stored.c.config_hash == config_hash)
+        query = select(stored.c.config_hash, stored.c.sample_id).where(stored.c.config_hash.in_(list(done)))
         with self.engine.connect() as conn:
-            return set(conn.execute(query).scalars())
+            for digest, sample_id in conn.execute(query):
+                done[digest].add(sample_id)
+        return done
 
     def runs_since(self, since: datetime) -> list[dict[str, Any]]:
         """Runs created at or after ``since`` (UTC), oldest first: the points of a sweep."""
@@ -270,7 +175,7 @@ class ResultsDB:
             "estimate": dict(row),
             "estimated_at": self.clock(),
         }
-        insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](memory_estimates).values(values)
+        insert = insert_into(self.engine, memory_estimates).values(values)
         replace = {key: insert.excluded[key] for key in ("config", "estimate", "estimated_at")}
         with self.engine.begin() as conn:
             conn.execute(insert.on_conflict_do_update(index_elements=["config_hash"], set_=replace))
@@ -284,7 +189,7 @@ class ResultsDB:
             "decision": dict(decision),
             "decided_at": self.clock(),
         }
-        insert = _INSERT_ON_CONFLICT[self.engine.dialect.name](decisions).values(values)
+        insert = insert_into(self.engine, decisions).values(values)
         replace = {key: insert.excluded[key] for key in ("config", "decision", "decided_at")}
         with self.engine.begin() as conn:
             conn.execute(insert.on_conflict_do_update(index_elements=["config_hash"], set_=replace))
