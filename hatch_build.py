@@ -12,7 +12,7 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-LM_EVAL_HOOK = {"snapeval/lm_eval_plugin.pth": "snapeval_lm_eval.pth"}
+LM_EVAL_HOOK = {"snapeval/commands/lm_eval_plugin.pth": "snapeval_lm_eval.pth"}
 DECLARATIVE_DIRS = {"conf": "snapeval/conf", "tasks": "snapeval/lm_eval_tasks"}
 
 

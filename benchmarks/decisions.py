@@ -20,7 +20,7 @@ from datetime import date
 from machine import available_cores, cpu_model
 from tabulate import tabulate
 
-from snapeval.search import Settings, search
+from snapeval.commands.search import Settings, search
 from snapeval.stats.simulation import exact_pass_probability, ladder_error_rate, pass_rate, search_error_rate
 
 ISSUE_CELLS = ((0.90, 0.95), (0.93, 0.95), (0.97, 0.99))  # (true retention r, target)

@@ -32,7 +32,7 @@ from transformers import PreTrainedModel
 
 from snapeval.cache import build_cache, install
 from snapeval.configs.methods import METHODS
-from snapeval.generation import generate
+from snapeval.decode.generation import generate
 from snapeval.models import ModelSpec, encode_chat, load_model, load_tokenizer
 from snapeval.tasks import ruler
 

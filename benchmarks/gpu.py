@@ -37,8 +37,8 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from snapeval.cache import build_cache, install
 from snapeval.cache.attention import cache_keyword
 from snapeval.cache.decode_attention import grouped_decode_attention
-from snapeval.continuous import ContinuousBatcher, Request
-from snapeval.generation import generate, prefill_logits
+from snapeval.decode.continuous import ContinuousBatcher, Request
+from snapeval.decode.generation import generate, prefill_logits
 
 LLAMA_8B = {  # Llama-3.1-8B's geometry
     "hidden_size": 4096,

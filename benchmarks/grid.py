@@ -9,7 +9,7 @@ LongBench-v2 prompts middle-truncated to ``--longbench-tokens`` (8k; needs the d
 * separate points: every setting alone, one after the other (what 13 separate runs compute);
 * grid: every setting's request in one batcher, ``--rows`` rows: one prefill per prompt fills all the
   caches (:class:`snapeval.cache.grid.CacheGrid`), the settings decode together, each in rows of its own
-  capacity class (:mod:`snapeval.continuous.classes`);
+  capacity class (:mod:`snapeval.decode.continuous.classes`);
 * the same grid with every row as wide as the largest request's (one class of rows): the baseline that
   rows sized per setting are measured against.
 
@@ -44,11 +44,11 @@ from tabulate import tabulate
 
 from snapeval.cache import install
 from snapeval.configs.compose import compose_config
-from snapeval.continuous import ContinuousBatcher, Request
-from snapeval.continuous import batcher as batcher_module
+from snapeval.decode.continuous import ContinuousBatcher, Request
+from snapeval.decode.continuous import batcher as batcher_module
+from snapeval.decode.stops import stop_ids
 from snapeval.models import load_model, load_tokenizer
-from snapeval.prompting import encode_with_split, fit_to_window
-from snapeval.stops import stop_ids
+from snapeval.run.prompting import encode_with_split, fit_to_window
 from snapeval.tasks import load_task
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

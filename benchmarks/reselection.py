@@ -36,7 +36,7 @@ from machine import available_cores, cpu_model
 from tabulate import tabulate
 
 from snapeval.cache import install
-from snapeval.continuous import ContinuousBatcher, Request
+from snapeval.decode.continuous import ContinuousBatcher, Request
 from snapeval.models import load_model
 
 

@@ -5,7 +5,7 @@ answers each (T=0.6, top-p 0.95), up to ``--max-new-tokens`` tokens, stopping at
 vary. Every mode answers the same requests and must give the same tokens (checked); it prints, per mode,
 the wall time, the generated tokens/s and the decode step's own time per step:
 
-* one by one: :func:`snapeval.generation.generate` per answer (a growing cache, batch 1), on the first
+* one by one: :func:`snapeval.decode.generation.generate` per answer (a growing cache, batch 1), on the first
   ``--one-by-one`` answers only (it is by far the slowest; its tokens/s is a rate all the same);
 * static batches: ``--rows`` answers at a time at the fixed shape, the next batch only when every row
   of the last has stopped (``ContinuousBatcher(refill=False)``), the draws of a prompt sharing a prefill;
@@ -37,11 +37,11 @@ from tqdm import tqdm
 
 from snapeval.cache import build_cache, install
 from snapeval.configs.compose import compose_config
-from snapeval.continuous import ContinuousBatcher, Request
-from snapeval.generation import generate
+from snapeval.decode.continuous import ContinuousBatcher, Request
+from snapeval.decode.generation import generate
+from snapeval.decode.sampling import Sampling
 from snapeval.models import load_model, load_tokenizer
-from snapeval.prompting import encode_with_split
-from snapeval.sampling import Sampling
+from snapeval.run.prompting import encode_with_split
 from snapeval.tasks import load_task
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -1,10 +1,10 @@
 """``python -m snapeval [overrides]``: the Hydra front door. Thin: check the config once into a run plan,
-hand it to the runner, print its table (:func:`snapeval.tables.run_table`).
+hand it to the runner, print its table (:func:`snapeval.results.tables.run_table`).
 
 A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``), a database that cannot
 be used (``run.db``), a data file, shard or draft name is refused in one line with exit code 2 before
 torch and transformers load; cache parameters, drafts' and the model's configs next, before any model
-loads (:mod:`snapeval.plan`). A sweep (``-m``) checks each of its points in its own job. Ctrl-C or
+loads (:mod:`snapeval.run.plan`). A sweep (``-m``) checks each of its points in its own job. Ctrl-C or
 SIGTERM ends the run as ``interrupted`` (exit 130 or 143).
 """
 
@@ -23,7 +23,7 @@ from snapeval.configs.check import check, check_choices
 from snapeval.configs.compose import compose_config, plain
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
-from snapeval.plan import RunPlan, check_inputs, make_plan
+from snapeval.run.plan import RunPlan, check_inputs, make_plan
 
 
 def main(plan: RunPlan | None = None) -> None:
@@ -41,15 +41,15 @@ def main(plan: RunPlan | None = None) -> None:
                 print(run_memory_point(config))
                 return
             if config["job"] == "search":
-                from snapeval.search import run_search
+                from snapeval.commands.search import run_search
 
                 print(run_search(config))
                 return
-            from snapeval.runner import execute, run
-            from snapeval.tables import run_table
+            from snapeval.results.tables import run_table
+            from snapeval.run.runner import execute, run
 
             summaries = execute(plan) if plan is not None else run(config)
-        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.workers.Terminated)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.run.workers.Terminated)
             sys.exit(interrupted(exc))
         except SnapevalError as exc:
             code = report(exc)
@@ -80,7 +80,7 @@ def check_before_hydra(overrides: list[str]) -> RunPlan | None:
     evaluates = config["job"] == "evaluate"
     inputs = check_inputs(config) if evaluates else check(config)  # before torch: fields, task, data
     if config["job"] == "search":
-        from snapeval.search import check_search
+        from snapeval.commands.search import check_search
 
         check_search(config)  # every budget it may try planned as it would run
     from snapeval.results import ResultsDB  # the database opens (or fails on run.db) in a second
@@ -97,7 +97,7 @@ def is_hydra_setting(override: str) -> bool:
 
 def interrupted(exc: KeyboardInterrupt) -> int:
     """Say in one line that the command was interrupted; its exit code: 143 for SIGTERM
-    (:class:`snapeval.workers.Terminated`), else 130 (Ctrl-C)."""
+    (:class:`snapeval.run.workers.Terminated`), else 130 (Ctrl-C)."""
     print(
         "interrupted: every sample stored so far is kept; the same command resumes the run",
         file=sys.stderr,

@@ -14,23 +14,18 @@ Standard library only at import: the front door refuses bad input before anythin
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ParamSpec
+from typing import Any, ParamSpec
 
 from snapeval.errors import SnapevalError
 
-if TYPE_CHECKING:
-    from snapeval.results import ResultsDB
-
 EXIT_BAD_INPUT = 2
 EXIT_STDOUT_CLOSED = 128 + signal.SIGPIPE  # 141: what a shell shows for a process that SIGPIPE ended
-DB_OPTION = "--db"
 
 P = ParamSpec("P")
 
@@ -89,26 +84,3 @@ def keep_interrupts() -> Iterator[None]:
         sys.unraisablehook = previous
     if dropped:
         raise KeyboardInterrupt
-
-
-def add_db_option(parser: argparse.ArgumentParser) -> None:
-    """Add ``--db``: the results database (``args.db``; None is ``$SNAPEVAL_DB`` or the default)."""
-    from snapeval.results.connect import DB_ENV_VAR, DEFAULT_DB
-
-    parser.add_argument(
-        DB_OPTION, help=f"database path or SQLAlchemy URL (default: ${DB_ENV_VAR}, else {DEFAULT_DB})"
-    )
-
-
-def open_existing(url: str | None, *, write: bool = False, field: str = DB_OPTION) -> ResultsDB:
-    """The snapeval database at ``url`` (see :func:`snapeval.results.database_url`), which must exist and
-    hold snapeval results; read-only unless ``write`` (``migrate``). A missing database is not created, a
-    file that is not one (empty, or another program's) is left as it is: a :class:`SnapevalError` on
-    ``field`` says so."""
-    from snapeval.results import ResultsDB
-
-    reader = ResultsDB(url, must_exist=True, writable=False, field=field)
-    if not write:
-        return reader
-    reader.close()
-    return ResultsDB(url, must_exist=True, field=field)

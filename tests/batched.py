@@ -1,11 +1,11 @@
 """The batcher's answers to a queue of requests, each checked against the same request decoded alone
-(:func:`snapeval.generation.generate` on a fresh cache): the equality every fast path must keep."""
+(:func:`snapeval.decode.generation.generate` on a fresh cache): the equality every fast path must keep."""
 
 from __future__ import annotations
 
 from snapeval.cache import build_cache
-from snapeval.continuous import Answer, ContinuousBatcher, Request
-from snapeval.generation import generate
+from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
+from snapeval.decode.generation import generate
 
 
 def alone(model, request: Request) -> list[int]:

@@ -14,10 +14,10 @@ import yaml
 from snapeval.cache import effective_params, install
 from snapeval.configs.check import check
 from snapeval.configs.compose import compose_config
-from snapeval.grid import grid_points
+from snapeval.configs.grid import grid_points
 from snapeval.models import ModelSpec, load_model, load_tokenizer
 from snapeval.paths import CONF_DIR
-from snapeval.sweep import sweep_points
+from snapeval.run.sweep import sweep_points
 from tests.families import FAMILIES, SMOLLM2_VOCAB
 
 # the very spec the runner builds from conf/, so that the model is loaded once per session

@@ -66,8 +66,8 @@ def test_the_qwen_graders_deviations_are_stored_with_every_row_it_scores(tmp_pat
     """Under any preset or none (here none): each row the grader scores names its deviations."""
     import torch
 
-    from snapeval.continuous.work import Answer, Request
-    from snapeval.records import sample_row
+    from snapeval.decode.continuous.work import Answer, Request
+    from snapeval.run.records import sample_row
 
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"id": 60, "problem": "Find $2^{10}$ mod 1000.", "answer": "024"}) + "\n")

@@ -17,16 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from snapeval import batch_rows, evaluation, runner
 from snapeval.__main__ import check_before_hydra
 from snapeval.cache.slots import CachedShapes, SlotCache
 from snapeval.configs.compose import compose_config
+from snapeval.decode import batch_rows
+from snapeval.decode.sampling import Sampling, sample_one
 from snapeval.errors import SnapevalError
 from snapeval.figures.command import main as figures_main
 from snapeval.results import ResultsDB
 from snapeval.results.__main__ import main as results_main
 from snapeval.results.schema import runs
-from snapeval.sampling import Sampling, sample_one
+from snapeval.run import evaluation, runner
 
 HUGE = "9" * 100_000
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from snapeval import runner
 from snapeval.models import encode_chat, load_tokenizer
 from snapeval.results import load
+from snapeval.run import runner
 from snapeval.tasks import load_task
 from snapeval.tasks import longbench_v2 as lb
 from snapeval.tasks.base import load_rows

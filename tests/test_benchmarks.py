@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from snapeval.prompting import truncate_middle
+from snapeval.run.prompting import truncate_middle
 from snapeval.sandbox import SandboxLimits
 from snapeval.stats import pass_at_k
 from snapeval.tasks import aime24 as aime

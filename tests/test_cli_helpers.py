@@ -12,14 +12,15 @@ import pandas as pd
 import pytest
 import yaml
 
-from snapeval.cli import add_db_option, one_line_errors
+from snapeval.cli import one_line_errors
+from snapeval.commands.gate import main as gate_main
 from snapeval.errors import SnapevalError
-from snapeval.gate import main as gate_main
 from snapeval.results import DEFAULT_DB, ResultsDB, load, summarize, summary_of
 from snapeval.results.__main__ import main as results_main
-from snapeval.runner import RunSummary
-from snapeval.sweep import sweep_table
-from snapeval.tables import render, run_table, summary_table
+from snapeval.results.options import add_db_option
+from snapeval.results.tables import render, run_table, summary_table
+from snapeval.run.runner import RunSummary
+from snapeval.run.sweep import sweep_table
 
 # --- one error line ---------------------------------------------------------------------------------
 

@@ -19,9 +19,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from snapeval.cache import build_cache, install
 from snapeval.cache.slots import SlotCache
-from snapeval.continuous import ContinuousBatcher, Request
-from snapeval.generation import generate, prompt_logits
-from snapeval.sampling import Sampling
+from snapeval.decode.continuous import ContinuousBatcher, Request
+from snapeval.decode.generation import generate, prompt_logits
+from snapeval.decode.sampling import Sampling
 from tests.test_decode_eviction import TOY
 
 TOLERANCE = 1e-4

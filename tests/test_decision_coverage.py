@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from snapeval.search import Settings, search
+from snapeval.commands.search import Settings, search
 from snapeval.stats import samples_needed
 from snapeval.stats.simulation import (
     exact_pass_probability,

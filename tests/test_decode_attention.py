@@ -72,7 +72,7 @@ def test_a_rows_output_is_the_same_bits_whatever_the_other_rows_hold():
 
 def test_every_decode_step_of_the_batcher_goes_through_it(tiny_llama, monkeypatch):
     from snapeval.cache import attention
-    from snapeval.continuous import ContinuousBatcher, Request
+    from snapeval.decode.continuous import ContinuousBatcher, Request
 
     calls = []
 
@@ -117,7 +117,7 @@ def test_absorbed_mla_decode_equals_attention_over_the_expanded_keys_and_values(
 def test_an_mla_decode_step_never_expands_the_held_latent(monkeypatch):
     """The batcher's MLA steps attend in latent space: the model's expand_kv runs at prefill only."""
     from snapeval.cache import attention, install
-    from snapeval.continuous import ContinuousBatcher, Request
+    from snapeval.decode.continuous import ContinuousBatcher, Request
     from tests.families import FAMILIES
 
     model = install(FAMILIES["deepseek_v3"](512))

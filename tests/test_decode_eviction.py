@@ -20,9 +20,9 @@ from snapeval.cache import build_cache
 from snapeval.cache.base import SnapevalCache
 from snapeval.cache.eviction import Eviction
 from snapeval.cache.method import LayerPrompt, Selection
-from snapeval.continuous import Request
-from snapeval.generation import generate
-from snapeval.sampling import Sampling
+from snapeval.decode.continuous import Request
+from snapeval.decode.generation import generate
+from snapeval.decode.sampling import Sampling
 
 from .batched import answers_equal_alone
 

@@ -2,7 +2,7 @@
 
 * A budget holding the prompt == plain transformers (a separately built, unprepared model with the same
   weights and the family's own cache): the same 20 greedy tokens and logits within 1e-5 (fp32), on every
-  path: ``model.generate`` with the cache, :func:`snapeval.generation.generate`, the continuous batcher
+  path: ``model.generate`` with the cache, :func:`snapeval.decode.generation.generate`, the continuous batcher
   with each request alone, and the batcher with every method in rows of one shared prefill (a
   :class:`~snapeval.cache.grid.CacheGrid`), and the query-agnostic split (the last 40 prompt tokens
   appended after compression) on the generator and the batcher. Windowed families (Mistral, Phi-3,
@@ -29,9 +29,9 @@ from snapeval.cache import build_cache, install
 from snapeval.cache.attention import ROPE_ROTATION, ROTARY_MODULE, check_model_config
 from snapeval.cache.method import LAYER_WINDOW
 from snapeval.cache.rope import KeyRotation
-from snapeval.continuous import ContinuousBatcher, Request
+from snapeval.decode.continuous import ContinuousBatcher, Request
+from snapeval.decode.generation import generate
 from snapeval.errors import SnapevalError
-from snapeval.generation import generate
 from tests.families import FAMILIES, WINDOW
 
 VOCAB = 512
@@ -318,9 +318,9 @@ def test_runner_stores_rows_from_a_saved_family_folder_equal_to_plain_transforme
     evicting budget stores its rows; a budget holding the prompt stores plain transformers' answers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from snapeval import runner
     from snapeval.models import encode_chat
     from snapeval.results import load
+    from snapeval.run import runner
     from snapeval.tasks import load_task
     from tests.conftest import compose_config
     from tests.families import save_family

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from snapeval.cache import effective_params
-from snapeval.gate import Gate, judge, load_gates, main
+from snapeval.commands.gate import Gate, judge, load_gates, main
 from snapeval.results import ResultsDB, config_hash, database_url, stored_config
 
 SHIPPED_SPEC = Path(__file__).resolve().parent.parent / "conf" / "gates" / "ci.yaml"
@@ -136,7 +136,7 @@ def test_the_command_refuses_in_one_line_before_torch_can_load(case, tmp_path, t
     spec = write_spec(tmp_path / "spec.yaml", gate_spec(min_n=0) if case == "bad spec" else gate_spec())
     args = ["--spec", str(spec), "--db", str(tmp_path / "missing.sqlite"), "--no-run"]
     result = subprocess.run(
-        [sys.executable, "-m", "snapeval.gate", *args],
+        [sys.executable, "-m", "snapeval.commands.gate", *args],
         capture_output=True,
         text=True,
         timeout=120,

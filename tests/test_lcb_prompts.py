@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
-from snapeval.prompting import encode_with_split, fit_to_window
+from snapeval.run.prompting import encode_with_split, fit_to_window
 from snapeval.tasks import load_task
 from snapeval.tasks.base import RAW_ROLE
 from snapeval.tasks.livecodebench.prompts import STYLES, build_messages

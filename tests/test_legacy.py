@@ -158,7 +158,7 @@ def test_a_database_written_before_the_keys_moved_resumes_after_migrate(tmp_path
 @pytest.mark.slow
 def test_a_migrated_run_computes_nothing(tmp_path: Path) -> None:
     """The runner itself, on the migrated database: every sample of the three runs is found done."""
-    from snapeval import runner
+    from snapeval.run import runner
 
     db_path = tmp_path / "old.sqlite"
     shutil.copy(OLD_DB, db_path)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
+from snapeval.commands.lm_eval_model import SnapStreamLM
 from snapeval.errors import SnapevalError
-from snapeval.lm_eval_model import SnapStreamLM
 
 CONTEXT = (
     "Inventory notes. Shelf A holds blue jars of honey. Shelf B holds the red boxes of tea and a brass "
@@ -146,7 +146,7 @@ def test_model_arguments_take_the_values_of_their_config_fields(argument, value,
 
 
 def test_a_draft_that_names_a_path_is_refused_as_the_run_plan_refuses_it():
-    """The lm-eval model checks the drafts a cache names with the run plan's check (snapeval.plan)."""
+    """The lm-eval model checks the drafts a cache names with the run plan's check (snapeval.run.plan)."""
     with pytest.raises(
         SnapevalError, match=r"^cache\.draft: no model '\.\./weights': give self, a model config"
     ):

@@ -40,7 +40,7 @@ def test_a_fresh_interpreter_finds_snapeval_its_alias_and_lm_evals_own_models(tm
         "print(model.__module__, model.__name__, get_model('snapstream') is model, get_model('hf').__name__)",
         tmp_path,
     )
-    assert out.split() == ["snapeval.lm_eval_model", "SnapStreamLM", "True", "HFLM"]
+    assert out.split() == ["snapeval.commands.lm_eval_model", "SnapStreamLM", "True", "HFLM"]
 
 
 def test_a_regular_wheel_carries_the_configs_and_task_definitions_apart_from_the_task_modules(tmp_path):
@@ -102,8 +102,9 @@ def test_a_regular_wheel_carries_the_configs_and_task_definitions_apart_from_the
 def test_start_up_hook_imports_nothing_heavy(tmp_path):
     out = fresh_python(
         "import sys\n"
-        "from snapeval.lm_eval_plugin import LmEvalModelsFinder\n"
-        "print(sorted(m for m in ('torch', 'lm_eval', 'snapeval.lm_eval_model') if m in sys.modules),\n"
+        "from snapeval.commands.lm_eval_plugin import LmEvalModelsFinder\n"
+        "modules = ('torch', 'lm_eval', 'snapeval.commands.lm_eval_model')\n"
+        "print(sorted(m for m in modules if m in sys.modules),\n"
         "      sum(isinstance(f, LmEvalModelsFinder) for f in sys.meta_path))",
         tmp_path,
     )

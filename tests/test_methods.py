@@ -19,6 +19,7 @@ import pytest
 
 from snapeval.cache import build_cache, method_class, method_classes
 from snapeval.configs.compose import compose_config
+from snapeval.configs.grid import grid_points
 from snapeval.configs.methods import (
     METHODS,
     effective_params,
@@ -28,7 +29,6 @@ from snapeval.configs.methods import (
 )
 from snapeval.errors import SnapevalError
 from snapeval.figures import method_color, method_style
-from snapeval.grid import grid_points
 from snapeval.memory import estimate
 from snapeval.paths import CONF_DIR
 from snapeval.results import load
@@ -186,7 +186,7 @@ def test_a_bad_parameter_is_refused_without_importing_torch(torch_refused):
 import sys
 from snapeval.configs.methods import check_cache, effective_params
 from snapeval.errors import SnapevalError
-from snapeval.grid import grid_points
+from snapeval.configs.grid import grid_points
 print(effective_params({"method": "snapstream", "budget": 256, "window": 16}))
 grid = {"cache": ["full", "snapkv"], "params": {"budget": [64, 128]}}
 print(len(grid_points({"cache": {"method": "full", "budget": None, "ratio": None}, "grid": grid})))

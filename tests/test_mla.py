@@ -22,18 +22,18 @@ import pytest
 import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-from snapeval import runner
 from snapeval.cache import build_cache, install
 from snapeval.cache.base import SnapevalCache
 from snapeval.cache.grid import CacheGrid
 from snapeval.cache.method import Selection
 from snapeval.cache.scoring import prompt_window_attention
 from snapeval.cache.slots import SlotCache
-from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.couplings import MLA_LATENT_CACHE, at_least
+from snapeval.decode.continuous import ContinuousBatcher, Request
+from snapeval.decode.generation import generate, prefill_logits
 from snapeval.errors import SnapevalError
-from snapeval.generation import generate, prefill_logits
 from snapeval.results import ResultsDB
+from snapeval.run import runner
 
 from .conftest import compose_config
 from .families import save_family

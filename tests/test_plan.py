@@ -10,9 +10,10 @@ from collections import Counter
 import pytest
 
 import snapeval.__main__ as front_door
-from snapeval import models, plan, runner, tasks
+from snapeval import models, tasks
 from snapeval.configs.compose import compose_config
 from snapeval.results import ResultsDB
+from snapeval.run import plan, runner
 
 
 def counting(monkeypatch, counts: Counter, owner: object, name: str) -> None:

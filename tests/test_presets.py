@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from snapeval import protocols
+from snapeval.configs import protocols
 from snapeval.errors import SnapevalError
 
 from .conftest import composed_sweep

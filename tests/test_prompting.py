@@ -6,7 +6,7 @@ import pytest
 
 from snapeval.errors import SnapevalError
 from snapeval.models import encode_chat
-from snapeval.prompting import encode_with_split, fit_to_window, truncate_content
+from snapeval.run.prompting import encode_with_split, fit_to_window, truncate_content
 from tests.families import smollm2_tokenizer
 
 DOCUMENT = " ".join(f"Sentence number {i} of the document." for i in range(200))

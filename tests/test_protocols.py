@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from snapeval.decode.stops import cut_at_stop, stop_check
 from snapeval.sandbox import ExecutionResult, SandboxLimits, run_program
 from snapeval.stats import pass_at
-from snapeval.stops import cut_at_stop, stop_check
 from snapeval.tasks import livecodebench as lcb
 from snapeval.tasks import longbench_v2 as lb
 

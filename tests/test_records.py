@@ -3,10 +3,10 @@ compresses while decoding evicted (the answer's re-selection steps and kept shar
 
 from __future__ import annotations
 
-from snapeval import runner
-from snapeval.continuous import Answer, Request
-from snapeval.records import trace
+from snapeval.decode.continuous import Answer, Request
 from snapeval.results import load
+from snapeval.run import runner
+from snapeval.run.records import trace
 
 from .conftest import compose_config
 

@@ -14,8 +14,8 @@ from html.parser import HTMLParser
 import pytest
 import yaml
 
+from snapeval.commands.gate import Gate, load_gates
 from snapeval.configs.compose import compose_config
-from snapeval.gate import Gate, load_gates
 from snapeval.memory import estimate
 from snapeval.report import build_report
 from snapeval.report.__main__ import main

@@ -10,15 +10,15 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
-from snapeval import evaluation, runner
+from snapeval.commands.lm_eval_model import SnapStreamLM
 from snapeval.configs.compose import compose_config
-from snapeval.continuous import ContinuousBatcher
+from snapeval.decode.continuous import ContinuousBatcher
+from snapeval.decode.sampling import Sampling
+from snapeval.decode.stops import stop_ids
 from snapeval.errors import SnapevalError
-from snapeval.lm_eval_model import SnapStreamLM
-from snapeval.prompting import truncate_middle
-from snapeval.requests import RequestBuilder, sample_seed, sampling
-from snapeval.sampling import Sampling
-from snapeval.stops import stop_ids
+from snapeval.run import evaluation, runner
+from snapeval.run.prompting import truncate_middle
+from snapeval.run.requests import RequestBuilder, sample_seed, sampling
 from snapeval.tasks.base import RAW_ROLE
 from tests.families import FAMILIES
 

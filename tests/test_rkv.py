@@ -24,9 +24,9 @@ from snapeval.cache.attention import ATTENTION_NAME
 from snapeval.cache.method import LayerPrompt
 from snapeval.cache.redundancy import importance, kept_slots, redundancy, rkv_scores
 from snapeval.cache.rkv import RKVCache
-from snapeval.continuous import Request
-from snapeval.generation import generate
-from snapeval.sampling import Sampling
+from snapeval.decode.continuous import Request
+from snapeval.decode.generation import generate
+from snapeval.decode.sampling import Sampling
 from tests.families import FAMILIES
 
 from .batched import answers_equal_alone

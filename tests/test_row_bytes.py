@@ -7,7 +7,7 @@ heads of 16 dimensions in fp32 and 64-token windows (tests/families.py), one row
 prompt and 10 new tokens under the full cache). A layer holds 100 slots, a windowed one 64; a slot of
 one layer is 2 x 2 x 16 x 4 = 256 bytes of keys and values. What each side counts:
 
-* the check (:func:`snapeval.batch_rows.check_rows_fit`, from :meth:`ContinuousBatcher.reserve`): keys
+* the check (:func:`snapeval.decode.batch_rows.check_rows_fit`, from :meth:`ContinuousBatcher.reserve`): keys
   and values, an int64 position per slot and KV head, and a bool valid flag per slot of each ring (one
   for the full layers, one for the 64-token window): it refuses the row with one byte less free;
 * the slot cache: the bytes of the buffers it allocates for that row (``keys``, ``values``, ``positions``
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import pytest
 
-from snapeval import batch_rows
 from snapeval.cache import install
 from snapeval.cache.slots import SlotCache, cached_shapes
-from snapeval.continuous import ContinuousBatcher, Request
+from snapeval.decode import batch_rows
+from snapeval.decode.continuous import ContinuousBatcher, Request
 from snapeval.errors import SnapevalError
 from snapeval.memory import estimate, load_geometry
 from tests.families import FAMILIES, WINDOW

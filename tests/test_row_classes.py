@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from snapeval.continuous import ContinuousBatcher, Request
-from snapeval.continuous.classes import MAX_CLASSES, plan_classes
+from snapeval.decode.continuous import ContinuousBatcher, Request
+from snapeval.decode.continuous.classes import MAX_CLASSES, plan_classes
 from tests.test_continuous import alone, tiny  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

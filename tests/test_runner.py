@@ -11,15 +11,15 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import OperationalError
 
-from snapeval import runner
 from snapeval.cli import report
+from snapeval.decode.generation import generate
 from snapeval.errors import SnapevalError
-from snapeval.evaluation import Evaluation
-from snapeval.generation import generate
 from snapeval.models import encode_chat
 from snapeval.results import ResultsDB, load
 from snapeval.results.schema import claims, runs
-from snapeval.tables import run_table
+from snapeval.results.tables import run_table
+from snapeval.run import runner
+from snapeval.run.evaluation import Evaluation
 
 from .conftest import compose_config
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from snapeval.sampling import Sampling, sample_one, sample_tokens, uniform
+from snapeval.decode.sampling import Sampling, sample_one, sample_tokens, uniform
 
 
 def rows(n: int, **values):

@@ -662,7 +662,7 @@ def test_the_probe_reports_a_failing_setup_as_it_is(fresh_probe, monkeypatch: py
     """Namespaces work but a mount fails: that mount is the error, not advice to disable isolation;
     and a LiveCodeBench run stops at its config check, before any model loads."""
     from snapeval.configs.compose import compose_config
-    from snapeval.plan import check_inputs
+    from snapeval.run.plan import check_inputs
 
     monkeypatch.setattr(probe, "DEFAULT_LIMITS", SandboxLimits(max_disk_bytes=-1))
     with pytest.raises(

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from snapeval.__main__ import check_before_hydra
+from snapeval.commands.search import Settings, describe, exhaustive, first_samples, judge, run_search, search
 from snapeval.configs.compose import compose_config
 from snapeval.results import ResultsDB
-from snapeval.search import Settings, describe, exhaustive, first_samples, judge, run_search, search
 
 SETTINGS = Settings("snapstream", 0.95, (128, 256, 512, 1024), 32, 10, 100)
 LADDER = (128, 256, 512, 1024)

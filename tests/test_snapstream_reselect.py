@@ -24,8 +24,8 @@ from snapeval.cache import SnapStreamCache, build_cache, effective_params, insta
 from snapeval.cache.base import SnapevalCache
 from snapeval.cache.eviction import Eviction
 from snapeval.cache.method import LayerPrompt, Selection
-from snapeval.continuous import ContinuousBatcher, Request
-from snapeval.generation import generate, prefill_logits
+from snapeval.decode.continuous import ContinuousBatcher, Request
+from snapeval.decode.generation import generate, prefill_logits
 
 from .conftest import TINY_VOCAB
 from .families import FAMILIES

@@ -12,8 +12,8 @@ from transformers import DynamicCache
 
 from snapeval.cache import CacheGrid, SpeculativePrefillCache, build_cache
 from snapeval.cache.speculative_prefill import Draft, carry_scores, chosen_columns, draft_importance
+from snapeval.decode.generation import generate, prefill_logits
 from snapeval.errors import SnapevalError
-from snapeval.generation import generate, prefill_logits
 from snapeval.models import encode_chat
 
 from .test_cache_reference import capture_prefill
@@ -135,8 +135,8 @@ def test_a_budget_holding_the_prompt_reproduces_the_full_cache(tiny_llama_chat):
 def test_the_runner_stores_the_share_kept_and_the_prefill_seconds_with_the_draft(
     tiny_llama_overrides, tmp_path
 ):
-    from snapeval import runner
     from snapeval.results import load
+    from snapeval.run import runner
 
     from .conftest import compose_config
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from snapeval import runner
 from snapeval.configs.compose import compose_config
 from snapeval.results import load
+from snapeval.run import runner
 
 PROBLEM = {
     "question_id": "add-one",

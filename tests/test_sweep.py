@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from snapeval import runner
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
-from snapeval.records import fidelity
 from snapeval.results import ResultsDB, load
-from snapeval.sweep import count_points, sweep_table
+from snapeval.run import runner
+from snapeval.run.records import fidelity
+from snapeval.run.sweep import count_points, sweep_table
 
 from .conftest import compose_config, composed_sweep
 from .families import smollm2_tokenizer

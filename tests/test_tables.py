@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from snapeval.results import summary_of
-from snapeval.tables import render, summary_table
+from snapeval.results.tables import render, summary_table
 
 
 def sample(score: float, **trace) -> dict:

@@ -120,9 +120,9 @@ def test_runs_stored_before_the_registry_resume_after_migrate(tmp_path: Path, mo
     """A database written by snapeval before the task registry (ruler_passkey, 3 samples; its configs
     hold ``task.family``): ``python -m snapeval.results migrate`` re-keys it, then the same run computes
     nothing (no model loads) and reads the stored outputs."""
-    from snapeval import evaluation, runner
     from snapeval.results import load
     from snapeval.results.__main__ import main as results_cli
+    from snapeval.run import evaluation, runner
 
     db = tmp_path / "db.sqlite"
     shutil.copy(BEFORE, db)

@@ -16,10 +16,10 @@ from packaging.version import Version
 
 from snapeval.cache import attention, build_cache, install
 from snapeval.cache.slots import SlotCache
-from snapeval.continuous import ContinuousBatcher, Request
 from snapeval.couplings import CACHE_PARAMETERS, transformers_version
+from snapeval.decode.continuous import ContinuousBatcher, Request
+from snapeval.decode.generation import generate
 from snapeval.errors import SnapevalError
-from snapeval.generation import generate
 from tests.bypass import hide_the_cache
 from tests.families import FAMILIES, SMOLLM2_VOCAB, deepseek_v3_model
 
@@ -198,7 +198,7 @@ def test_the_runner_exits_2_in_one_line_and_stores_no_row(tiny_llama_overrides, 
 def test_the_lm_eval_model_stops_in_one_line(tiny_llama_folder, tmp_path, monkeypatch):
     from lm_eval.api.instance import Instance
 
-    from snapeval.lm_eval_model import SnapStreamLM
+    from snapeval.commands.lm_eval_model import SnapStreamLM
 
     hide_the_cache(monkeypatch)
     model = FAMILIES["llama"](SMOLLM2_VOCAB)  # a folder of its own: load_model keeps what it loaded

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from snapeval import batch_rows
 from snapeval.cache import build_cache, install
 from snapeval.cache.grid import CacheGrid
 from snapeval.cache.slots import SlotCache, cached_shapes
-from snapeval.continuous import ContinuousBatcher, Request
-from snapeval.generation import generate
+from snapeval.decode import batch_rows
+from snapeval.decode.continuous import ContinuousBatcher, Request
+from snapeval.decode.generation import generate
 from snapeval.memory import kv_bytes_per_sequence, load_geometry
 from tests.families import FAMILIES, WINDOW
 

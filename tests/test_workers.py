@@ -20,16 +20,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event, func, select
 
-from snapeval import runner
 from snapeval.__main__ import check_before_hydra
 from snapeval.cli import report
 from snapeval.configs.compose import compose_config
+from snapeval.configs.grid import grid_points
 from snapeval.errors import SnapevalError
-from snapeval.grid import grid_points
 from snapeval.results import ResultsDB, config_hash
 from snapeval.results.leases import needing_attention
 from snapeval.results.schema import claims, runs, samples
-from snapeval.workers import SETTINGS_PER_PREFILL, ClaimingFeed, Terminated, shard
+from snapeval.run import runner
+from snapeval.run.workers import SETTINGS_PER_PREFILL, ClaimingFeed, Terminated, shard
 
 #: A small point of the embedded model: 128-token passkey prompts, one row at a time so that samples
 #: are claimed one by one.

@@ -8,7 +8,7 @@ at each layer, lets every member cache select and keep its own part (:meth:`Snap
 sharing SnapKV's window attention between members with the same window (:func:`snapkv_priority`).
 
 Each member then holds exactly what it would hold after prefilling the prompt alone, and decodes on its
-own (or as one row of a :class:`~snapeval.continuous.ContinuousBatcher`).
+own (or as one row of a :class:`~snapeval.decode.continuous.ContinuousBatcher`).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class SpeculativePrefillCache(SnapevalCache):
     the highest of the draft tokens its characters overlap (:func:`carry_scores`). A prompt of at most
     ``budget`` tokens is prefilled whole. The prefill seconds stored include the draft's. The choice is
     made in :meth:`prefill_input`, which snapeval's prefill calls (the runner, the continuous batcher and
-    the lm-eval model prefill through :func:`snapeval.generation.prefill_logits`); a plain
+    the lm-eval model prefill through :func:`snapeval.decode.generation.prefill_logits`); a plain
     ``model(ids, past_key_values=cache)`` call prefills the whole prompt.
 
     Choices the papers leave to us: the last prompt queries stand for the paper's look-ahead tokens (no

@@ -11,7 +11,7 @@ SUBCOMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "run": ("snapeval", (), "evaluate a model and cache on a task (Hydra overrides; -m for a sweep)"),
     "search": ("snapeval", ("+exp=budget_search",), "the smallest budget that keeps a target (search.*)"),
     "report": ("snapeval.report", (), "the decision report of a database (HTML or Markdown)"),
-    "gate": ("snapeval.gate", (), "accuracy gates: exit 1 when compression costs too much accuracy"),
+    "gate": ("snapeval.commands.gate", (), "accuracy gates: exit 1 when compression costs too much accuracy"),
     "memory": ("snapeval.memory", (), "KV and weight memory of a model, method and accelerator"),
     "results": ("snapeval.results", (), "the results database: summary, export, migrate"),
     "figures": ("snapeval.figures", (), "the figures of a database"),

@@ -7,7 +7,7 @@ checks across fields: the task's lengths against the model's window, a protocol 
 task, a CUDA device on a machine without one. A bad value gets one line naming the field and what it
 takes (:class:`~snapeval.errors.SnapevalError`). The checks that need the engine or the data (a cache's
 parameters together, a grid, data files, shards, drafts) come next, still before any model loads
-(:mod:`snapeval.plan`).
+(:mod:`snapeval.run.plan`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from snapeval.configs.compose import field_error
 from snapeval.configs.fields import count_error
+from snapeval.configs.grid import MAX_GRID_POINTS, check_grid, longest_list, too_many_points
 from snapeval.configs.methods import METHODS, check_cache
 from snapeval.configs.model import ModelConfig
+from snapeval.configs.protocols import check_task
 from snapeval.configs.root import Config
 from snapeval.configs.task import task_schema
 from snapeval.errors import SnapevalError
-from snapeval.grid import MAX_GRID_POINTS, check_grid, longest_list, too_many_points
 from snapeval.paths import CONF_DIR
-from snapeval.protocols import check_task
 
 GROUPS = ("task", "cache", "model", "memory", "hardware", "protocol", "exp")
 """Config groups a command line can choose from (``task=NAME``, ``+exp=NAME``)."""

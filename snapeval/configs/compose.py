@@ -21,11 +21,11 @@ from omegaconf.errors import (
 )
 
 from snapeval.configs.fields import model_entry, takes
+from snapeval.configs.protocols import check_task_choice
 from snapeval.configs.root import Config
 from snapeval.configs.store import register
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
-from snapeval.protocols import check_task_choice
 
 OMEGACONF_TYPES = {
     "Integer": "an integer",

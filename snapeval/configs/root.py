@@ -107,8 +107,8 @@ class ProtocolConfig(Checked):
 
 @dataclass
 class SearchConfig(Checked):
-    """A budget search (``job=search``, ``+exp=budget_search``; :mod:`snapeval.search`): the smallest budget
-    at which ``method`` keeps ``target`` of the full cache's accuracy."""
+    """A budget search (``job=search``, ``+exp=budget_search``; :mod:`snapeval.commands.search`): the
+    smallest budget at which ``method`` keeps ``target`` of the full cache's accuracy."""
 
     path = "search"
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from snapeval.cli import DB_OPTION, add_db_option, one_line_errors
+from snapeval.cli import one_line_errors
 from snapeval.errors import SnapevalError
 from snapeval.figures import FIGURES, NothingToDraw
 from snapeval.figures.panels import figure_paths
-from snapeval.files import safe_output
 from snapeval.results import database_url, load, sqlite_path
+from snapeval.results.files import safe_output
+from snapeval.results.options import DB_OPTION, add_db_option
 
 DEFAULT_OUT = Path("results/figures")
 

@@ -20,8 +20,8 @@ from matplotlib.legend import Legend
 
 from snapeval.errors import SnapevalError
 from snapeval.figures.style import PAPER_RC, format_value, short_name
-from snapeval.files import write_atomically
 from snapeval.results import config_columns, hashable, summarize
+from snapeval.results.files import write_atomically
 
 PANEL_SIZE = (2.6, 2.1)  # inches per panel
 MAX_COLUMNS = 3

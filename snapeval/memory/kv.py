@@ -56,7 +56,7 @@ def held_bytes(tokens: int, windows: Iterable[int | None], width: int, element_b
 
     The one home of a row's bytes: the estimator's KV bytes per sequence (:func:`kv_bytes_per_sequence`),
     and the batcher's memory check of its rows' keys and values, positions and valid flags
-    (:func:`snapeval.batch_rows.row_bytes`), which the slot cache allocates
+    (:func:`snapeval.decode.batch_rows.row_bytes`), which the slot cache allocates
     (:class:`snapeval.cache.slots.SlotCache`: ``min(window, capacity)`` slots on a windowed layer).
     """
     return layer_tokens(windows, tokens) * width * element_bytes

@@ -7,9 +7,10 @@ import math
 import sys
 from pathlib import Path
 
-from snapeval.cli import add_db_option, one_line_errors, open_existing
+from snapeval.cli import one_line_errors
 from snapeval.errors import SnapevalError
-from snapeval.files import safe_output, write_atomically
+from snapeval.results.files import safe_output, write_atomically
+from snapeval.results.options import add_db_option, open_existing
 
 DEFAULT_TARGETS = (0.95, 0.99)
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gates = []
     if args.gates:
-        from snapeval.gate import load_gates  # Hydra: only to judge gates
+        from snapeval.commands.gate import load_gates  # Hydra: only to judge gates
 
         gates = load_gates(args.gates)
     with open_existing(args.db) as db:

@@ -29,7 +29,7 @@ from snapeval.results import ResultsDB
 from snapeval.results.identity import git_sha
 
 if TYPE_CHECKING:  # the gates' module composes configs with Hydra: loaded only to judge gates
-    from snapeval.gate import Gate, Verdict
+    from snapeval.commands.gate import Gate, Verdict
 
 TITLE = "KV-cache compression: decision report"
 
@@ -48,7 +48,7 @@ def build_report(
     analyses = [analyse(experiment, targets) for experiment in load_experiments(db)]
     blocks: list[Block] = [*_header(db, targets, figures), *_decisions(analyses, targets)]
     if gates:
-        from snapeval.gate import judge
+        from snapeval.commands.gate import judge
 
         blocks += _gate_blocks([judge(gate, db) for gate in gates])
     for index, analysis in enumerate(analyses, start=1):
@@ -73,7 +73,7 @@ def _header(db: ResultsDB, targets: tuple[float, ...], figures: bool) -> list[Bl
         Paragraph(
             "Retention is a method's accuracy over the full cache's on the same samples, with its one-sided "
             "95% bounds (exact for 0/1 scores). A budget keeps a retention target t when the lower bound "
-            "reaches t (the rule of snapeval.gate); the smallest budget named keeps t with every larger one, "
+            "reaches t (the gate's rule); the smallest budget named keeps t with every larger one, "
             "tested from the largest down (at most 5% of such names are wrong). Too few samples to show t "
             "are said as such. "
             f"Targets: {', '.join(f'{t:g}' for t in targets)}."

@@ -1,6 +1,7 @@
 """The report's view of a results database: every stored config (a cache setting) with its runs and
 samples, grouped into experiments: a full-cache config and the compressed configs whose full-cache run
-of the same model, task and samples it is (the pairing of :func:`snapeval.evaluation.full_cache_digest`)."""
+of the same model, task and samples it is (the pairing of
+:func:`snapeval.run.evaluation.full_cache_digest`)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from snapeval.protocols import flatten
+from snapeval.configs.protocols import flatten
 from snapeval.results.connect import DB_ENV_VAR, DEFAULT_DB, database_url, sqlite_path
 from snapeval.results.identity import ALIASES, UNHASHED, config_hash, identity, stored_config
 from snapeval.results.leases import DEFAULT_LEASE_S

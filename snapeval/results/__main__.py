@@ -23,12 +23,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from snapeval.cli import add_db_option, one_line_errors, open_existing, stdout_closed
+from snapeval.cli import one_line_errors, stdout_closed
 from snapeval.errors import SnapevalError
-from snapeval.files import safe_output, write_atomically
 from snapeval.results import database_url, sqlite_path, summarize
+from snapeval.results.files import safe_output, write_atomically
 from snapeval.results.leases import needing_attention
-from snapeval.tables import render, summary_table
+from snapeval.results.options import add_db_option, open_existing
+from snapeval.results.tables import render, summary_table
 
 STDOUT = "-"  # --csv -: the CSV on standard output
 

@@ -30,7 +30,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from snapeval.configs import root
 from snapeval.errors import SnapevalError
-from snapeval.files import is_sqlite
+from snapeval.results.files import is_sqlite
 from snapeval.results.schema import memory_estimates, metadata, required_columns, runs, samples
 
 DEFAULT_DB = Path(root.DEFAULT_DB)  # run.db's default without $SNAPEVAL_DB

@@ -16,11 +16,11 @@ from typing import Any
 
 from snapeval.configs import legacy
 from snapeval.configs.methods import effective_params
+from snapeval.configs.protocols import changed_settings, lookup
 from snapeval.configs.root import declared_fields
 from snapeval.errors import SnapevalError
-from snapeval.protocols import changed_settings, lookup
 
-#: The random number generator of sampled answers (:mod:`snapeval.sampling`), stored with sampled runs.
+#: The random number generator of sampled answers (:mod:`snapeval.decode.sampling`), stored with sampled runs.
 SAMPLER = "counter-hash-v1"
 
 #: Hydra's own node: a reserved key, never a config field, never stored nor hashed.

@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from snapeval.configs.protocols import flatten
 from snapeval.configs.root import RunConfig
-from snapeval.protocols import flatten
 from snapeval.results.identity import ALIASES, git_sha, package_versions
 from snapeval.results.schema import RunStatus, claims, runs, samples
 

@@ -112,7 +112,7 @@ decisions = Table(
     Column("id", Integer, primary_key=True),
     Column("config_hash", String(64), nullable=False, unique=True),
     Column("config", JSON(none_as_null=True), nullable=False),  # model, task, search settings
-    Column("decision", JSON(none_as_null=True), nullable=False),  # snapeval.search.Decision.stored()
+    Column("decision", JSON(none_as_null=True), nullable=False),  # snapeval.commands.search.Decision.stored()
     Column("decided_at", DateTime(timezone=True), nullable=False),
 )
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, delete, select, update
 
-from snapeval.protocols import flatten
+from snapeval.configs.protocols import flatten
 from snapeval.results.connect import database_url, open_engine
 from snapeval.results.identity import ALIASES, config_hash, run_config, upgraded
 from snapeval.results.leases import Clock, RunLedger, insert_into, run_state, utcnow
@@ -181,8 +181,8 @@ class ResultsDB(RunLedger):
             conn.execute(insert.on_conflict_do_update(index_elements=["config_hash"], set_=replace))
 
     def add_decision(self, config: Mapping[str, Any], decision: Mapping[str, Any]) -> None:
-        """Store a budget search's ``decision`` (:mod:`snapeval.search`), replacing any stored for the same
-        search ``config``."""
+        """Store a budget search's ``decision`` (:mod:`snapeval.commands.search`), replacing any stored for
+        the same search ``config``."""
         values = {
             "config_hash": config_hash(config, ignore=()),
             "config": dict(config),

@@ -102,7 +102,7 @@ def trace_summary(extras: Iterable[Any]) -> dict[str, float]:
 
 
 #: The keys of every :func:`summary_of`, in its order (``pass@<k>`` follow where the draws allow): the
-#: summary's numbers, by the names every table and :class:`snapeval.runner.RunSummary` use.
+#: summary's numbers, by the names every table and :class:`snapeval.run.runner.RunSummary` use.
 SUMMARY_KEYS: tuple[str, ...] = tuple(summary_of([]))
 #: The keys of :func:`trace_summary`, the last of :data:`SUMMARY_KEYS`.
 TRACE_KEYS: tuple[str, ...] = tuple(trace_summary([]))

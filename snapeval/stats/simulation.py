@@ -1,6 +1,6 @@
 """How often the decisions are wrong, by simulation: paired scores drawn from a known truth, judged by the
 project's own rule (:func:`snapeval.stats.retention`), ladder (:func:`snapeval.stats.smallest_kept`) and
-budget search (:func:`snapeval.search.search`).
+budget search (:func:`snapeval.commands.search.search`).
 
 The truth: the full cache is right with probability ``full_accuracy``; on a sample it got right the method
 keeps the answer with probability ``keep``; on one it missed the method is right with probability ``gain``.
@@ -82,9 +82,9 @@ def search_error_rate(
     trials: int,
     seed: int,
 ) -> tuple[float, float]:
-    """The share of ``trials`` in which ``search(settings, evaluate)`` (:func:`snapeval.search.search`)
-    names a budget whose true retention (``keep_at(budget)``) is at most the target, and the mean samples
-    it spent."""
+    """The share of ``trials`` in which ``search(settings, evaluate)``
+    (:func:`snapeval.commands.search.search`) names a budget whose true retention (``keep_at(budget)``)
+    is at most the target, and the mean samples it spent."""
     rng = np.random.default_rng(seed)
     wrong, spent = 0, 0
     for _ in range(trials):

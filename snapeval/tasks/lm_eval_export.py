@@ -19,8 +19,8 @@ from pathlib import Path
 
 from snapeval.cli import one_line_errors
 from snapeval.configs.compose import compose_config
-from snapeval.files import write_atomically
 from snapeval.paths import LM_EVAL_TASKS_DIR
+from snapeval.results.files import write_atomically
 from snapeval.tasks import task_class, task_names
 
 HEADER = (

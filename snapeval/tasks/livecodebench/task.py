@@ -8,9 +8,9 @@ from dataclasses import replace
 from datetime import date, datetime
 from typing import Any
 
+from snapeval.decode.stops import cut_at_stop
 from snapeval.errors import SnapevalError
 from snapeval.sandbox import limits_from_config
-from snapeval.stops import cut_at_stop
 from snapeval.tasks.base import DataSource, Task, local_file
 from snapeval.tasks.livecodebench.cases import tests_problem
 from snapeval.tasks.livecodebench.extraction import extract_code

@@ -15,7 +15,7 @@ arguments, e.g. ``budget``, ``ratio``, ``window``, ``sinks``, ``ring``), ``compr
 ``compile`` (the decode step: auto | off | on). ``generate_until`` requests go through snapeval's continuous
 batcher: lm-eval's ``--batch_size`` rows decode together (an integer; ``auto`` means 8), each refilled as
 soon as its answer ends, and identical requests (lm-eval's ``repeats``) share one prefill. A context
-becomes a request as the runner's prompts do (:mod:`snapeval.requests`), cut in the middle of its ids
+becomes a request as the runner's prompts do (:mod:`snapeval.run.requests`), cut in the middle of its ids
 when it does not fit; ``compression``, ``compile``, ``dtype`` and ``device`` take what their config
 fields take.
 """
@@ -34,14 +34,14 @@ from transformers import PreTrainedModel
 
 from snapeval.cache import build_cache, install, method_class
 from snapeval.configs.root import declared_fields
-from snapeval.continuous import Answer, ContinuousBatcher, Request
+from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
+from snapeval.decode.generation import continuation_logprob
+from snapeval.decode.stops import cut_at_stop, stop_ids
 from snapeval.errors import SnapevalError
-from snapeval.generation import continuation_logprob
 from snapeval.models import attach_drafts, load_model, load_tokenizer, model_spec
-from snapeval.plan import check_drafts
-from snapeval.prompting import prompt_ids
-from snapeval.requests import RequestBuilder, sampling
-from snapeval.stops import cut_at_stop, stop_ids
+from snapeval.run.plan import check_drafts
+from snapeval.run.prompting import prompt_ids
+from snapeval.run.requests import RequestBuilder, sampling
 
 CONFIG_FIELDS = {
     "compression": "task.compression",
@@ -53,7 +53,7 @@ CONFIG_FIELDS = {
 """The config field whose values each model argument takes (its check is the field's)."""
 
 
-@register_model("snapeval", "snapstream")  # snapeval.lm_eval_plugin.MODEL_NAMES
+@register_model("snapeval", "snapstream")  # snapeval.commands.lm_eval_plugin.MODEL_NAMES
 class SnapStreamLM(LM):
     """lm-eval model: compress the context at prefill, then score or generate."""
 
@@ -109,8 +109,8 @@ class SnapStreamLM(LM):
 
     @functools.cached_property
     def builder(self) -> RequestBuilder:
-        """How a context becomes a request (:mod:`snapeval.requests`), stopping on the runner's stop ids
-        (:func:`~snapeval.stops.stop_ids`: they need the model's generation config)."""
+        """How a context becomes a request (:mod:`snapeval.run.requests`), stopping on the runner's stop ids
+        (:func:`~snapeval.decode.stops.stop_ids`: they need the model's generation config)."""
         return RequestBuilder(
             self.tokenizer,
             self.max_length,

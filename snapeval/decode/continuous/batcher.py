@@ -16,24 +16,24 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from transformers import PreTrainedModel
 
-from snapeval.batch_rows import check_rows_fit
 from snapeval.cache import build_cache
 from snapeval.cache.attention import cache_keyword
 from snapeval.cache.slots import cached_shapes
-from snapeval.continuous.classes import RowClasses, plan_classes
-from snapeval.continuous.compiled import compile_step, compiles, pin_for_cuda_graphs
-from snapeval.continuous.prefills import Prefill, fill
-from snapeval.continuous.rows import Row, RowSampling, answer_of, load_row
-from snapeval.continuous.work import Answer, Request
+from snapeval.decode.batch_rows import check_rows_fit
+from snapeval.decode.continuous.classes import RowClasses, plan_classes
+from snapeval.decode.continuous.compiled import compile_step, compiles, pin_for_cuda_graphs
+from snapeval.decode.continuous.prefills import Prefill, fill
+from snapeval.decode.continuous.rows import Row, RowSampling, answer_of, load_row
+from snapeval.decode.continuous.work import Answer, Request
+from snapeval.decode.generation import take_token
+from snapeval.decode.sampling import sample_one, sample_tokens
 from snapeval.errors import SnapevalError
-from snapeval.generation import take_token
-from snapeval.sampling import sample_one, sample_tokens
 
 
 class ContinuousBatcher:
     """Generate answers for a queue of requests in ``rows`` slots, refilling each slot as it frees.
 
-    ``compile``: auto | off | on (see :func:`~snapeval.continuous.compiles`). ``refill`` false waits
+    ``compile``: auto | off | on (see :func:`~snapeval.decode.continuous.compiles`). ``refill`` false waits
     until every row has stopped before admitting new requests: static batches at the same fixed shape
     (for comparison).
     """
@@ -92,7 +92,7 @@ class ContinuousBatcher:
 
     def reserve(self, requests: Iterable[Request]) -> None:
         """Allocate the rows for ``requests``, in classes sized for what they hold
-        (:func:`~snapeval.continuous.classes.plan_classes`); later runs reuse them (and their compiled
+        (:func:`~snapeval.decode.continuous.classes.plan_classes`); later runs reuse them (and their compiled
         step) while the largest is large enough."""
         needs = [request.slots_needed for request in requests]
         if self.slots is None or self.slots.capacity < max(needs):

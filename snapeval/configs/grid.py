@@ -28,7 +28,7 @@ from snapeval.errors import SnapevalError
 GRID_KEYS = ("cache", "params", "share_prefill")
 MAX_GRID_POINTS = 1_000
 """The most points one grid runs: every point is a stored run and a request per prompt, made before the
-first sample (their caches are filled :data:`snapeval.workers.SETTINGS_PER_PREFILL` settings at a time);
+first sample (their caches are filled :data:`snapeval.run.workers.SETTINGS_PER_PREFILL` settings at a time);
 a larger sweep is several grids (or a ``-m`` sweep over one of its parameters)."""
 SCALARS = (str, int, float, bool, type(None))
 

@@ -6,7 +6,7 @@ A grid of more than :data:`SETTINGS_PER_PREFILL` settings is handed to the batch
 per problem (the first time, only as many as it has rows), each group claimed in one transaction: memory
 and the wait for the first answer stay bounded however many settings the grid has.
 
-Requests carry ``tag = (point, prompt, calls)`` (:mod:`snapeval.runner`); a point has ``digest``
+Requests carry ``tag = (point, prompt, calls)`` (:mod:`snapeval.run.runner`); a point has ``digest``
 (its config hash), ``run_id`` and ``claimed`` (the sample ids this worker holds).
 """
 
@@ -19,7 +19,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
-from snapeval.continuous import Request
+from snapeval.decode.continuous import Request
 from snapeval.results import ResultsDB
 from snapeval.tasks import Prompt
 

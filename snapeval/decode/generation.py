@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from snapeval.cache.attention import cache_keyword
-from snapeval.sampling import Sampling, sample_one
+from snapeval.decode.sampling import Sampling, sample_one
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,9 @@ def generate(
 ) -> Generation:
     """Prefill ``prompt_ids`` into ``cache``, then decode one token at a time: the plain reference path.
 
-    Stops as :func:`take_token` says. The ``k``-th token is drawn as :func:`snapeval.sampling.sample_one`
-    draws it with counter ``k``, so every batched or compiled path can be checked against this one.
+    Stops as :func:`take_token` says. The ``k``-th token is drawn as
+    :func:`snapeval.decode.sampling.sample_one` draws it with counter ``k``, so every batched or compiled
+    path can be checked against this one.
     """
     device = model.device
     start = time.perf_counter()

@@ -2,7 +2,7 @@
 
 :class:`Evaluation` loads the model, then, group by group (every setting of a grid together, or each
 alone when ``grid.share_prefill`` is false), queues a request per (prompt, point) still to do, claims
-them in the database as the batcher frees rows (:class:`snapeval.workers.ClaimingFeed`), queues a
+them in the database as the batcher frees rows (:class:`snapeval.run.workers.ClaimingFeed`), queues a
 two-pass task's answer call as soon as its first call ends, and scores and commits each sample the
 moment its last call ends (a compressed point's sample waits for the full cache's output of the same
 sample when that is being computed too: its fidelity needs it).
@@ -18,17 +18,17 @@ from typing import Any
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from snapeval.batch_rows import usable_rows
 from snapeval.cache import effective_params, install
-from snapeval.continuous import Answer, ContinuousBatcher, Request
-from snapeval.grid import shares_prefill
+from snapeval.configs.grid import shares_prefill
+from snapeval.decode.batch_rows import usable_rows
+from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
+from snapeval.decode.stops import stop_ids
 from snapeval.models import ModelSpec, attach_drafts, load_model
-from snapeval.records import answer_text, sample_row
-from snapeval.requests import RequestBuilder, sample_seed, sampling
 from snapeval.results import ResultsDB, config_hash
-from snapeval.stops import stop_ids
+from snapeval.run.records import answer_text, sample_row
+from snapeval.run.requests import RequestBuilder, sample_seed, sampling
+from snapeval.run.workers import ClaimingFeed, stored_in
 from snapeval.tasks import Prompt, Task
-from snapeval.workers import ClaimingFeed, stored_in
 
 Calls = list[Answer]  # the answers of a sample's calls so far (two for a two-pass task)
 

@@ -2,7 +2,7 @@
 
 A prompt (a task's chat messages, or lm-eval's context text) is cut to fit the model's window with room
 for the answer, encoded, split where its query starts (query-agnostic compression), and wrapped in a
-:class:`~snapeval.continuous.Request` with its sampling seed and the token ids and strings that end it.
+:class:`~snapeval.decode.continuous.Request` with its sampling seed and the token ids and strings that end it.
 
 The runner cuts the middle of the last message's text (``task.truncation``) before encoding; the
 lm-eval model, whose context is one finished text, cuts the middle of its ids (``cut_ids``, as LongBench's
@@ -15,8 +15,10 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from snapeval.continuous import Request
-from snapeval.prompting import (
+from snapeval.decode.continuous import Request
+from snapeval.decode.sampling import Sampling
+from snapeval.decode.stops import StopCheck, stop_check
+from snapeval.run.prompting import (
     PromptInput,
     encode_with_split,
     fit_to_window,
@@ -24,8 +26,6 @@ from snapeval.prompting import (
     truncate_content,
     truncate_middle,
 )
-from snapeval.sampling import Sampling
-from snapeval.stops import StopCheck, stop_check
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -1,10 +1,10 @@
-"""Execute a checked run plan (:mod:`snapeval.plan`): model + cache (or a grid of caches) + task, every
+"""Execute a checked run plan (:mod:`snapeval.run.plan`): model + cache (or a grid of caches) + task, every
 sample not yet stored generated, scored, recorded, and summarized.
 
 The runner knows no compression method (the batcher builds caches with :func:`snapeval.cache.build_cache`)
 and no task (the plan holds it). Each scored sample is committed to the results database as soon as it is
-done, so an interrupted run resumes where it stopped. A grid (:mod:`snapeval.grid`) is stored as one run
-per cache setting, exactly as those settings run one at a time would be; its runs start, and close, in
+done, so an interrupted run resumes where it stopped. A grid (:mod:`snapeval.configs.grid`) is stored as
+one run per cache setting, exactly as those settings run one at a time would be; its runs start, and close, in
 one transaction. Ctrl-C or SIGTERM closes them as interrupted, and so does a write that fails (the disk
 full): one line naming ``run.db``.
 """
@@ -20,14 +20,14 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from snapeval.errors import SnapevalError
-from snapeval.evaluation import Evaluation, Point
 from snapeval.models import ModelSpec, check_chat, load_tokenizer
-from snapeval.plan import RunPlan, make_plan
 from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
 from snapeval.results.connect import write_error
 from snapeval.results.leases import Lease
+from snapeval.run.evaluation import Evaluation, Point
+from snapeval.run.plan import RunPlan, make_plan
+from snapeval.run.workers import shard, terminate_as_interrupt
 from snapeval.tasks import Prompt
-from snapeval.workers import shard, terminate_as_interrupt
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def draws(prompts: list[Prompt], num_samples: int) -> list[Prompt]:
 
 
 def run(cfg: dict[str, Any]) -> list[RunSummary]:
-    """Check ``cfg`` into a plan (:func:`snapeval.plan.make_plan`; a config that fails is recorded as a
+    """Check ``cfg`` into a plan (:func:`snapeval.run.plan.make_plan`; a config that fails is recorded as a
     failed run, so that a sweep's summary shows the point) and :func:`execute` it."""
     try:
         plan = make_plan(cfg)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from snapeval.continuous import Answer
+from snapeval.decode.continuous import Answer
 from snapeval.tasks import Prompt, Task
 
 

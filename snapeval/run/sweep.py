@@ -17,10 +17,11 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from snapeval.cli import EXIT_BAD_INPUT, open_existing, report
+from snapeval.cli import EXIT_BAD_INPUT, report
 from snapeval.errors import SnapevalError
 from snapeval.results import ResultsDB, summary_of
-from snapeval.tables import SWEEP_COLUMNS, cache_label, numbers, render, task_label
+from snapeval.results.options import open_existing
+from snapeval.results.tables import SWEEP_COLUMNS, cache_label, numbers, render, task_label
 
 
 class SweepSummary(Callback):

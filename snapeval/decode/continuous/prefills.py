@@ -11,8 +11,8 @@ from transformers import PreTrainedModel
 
 from snapeval.cache import SnapevalCache, build_cache
 from snapeval.cache.grid import CacheGrid
-from snapeval.continuous.work import Request
-from snapeval.generation import append_logits, prefill_logits, synchronize
+from snapeval.decode.continuous.work import Request
+from snapeval.decode.generation import append_logits, prefill_logits, synchronize
 
 
 @dataclass

@@ -20,7 +20,7 @@ import sys
 from types import ModuleType, TracebackType
 
 MODEL_NAMES = ("snapeval", "snapstream")  # the name, and an alias
-MODEL_TARGET = "snapeval.lm_eval_model:SnapStreamLM"
+MODEL_TARGET = "snapeval.commands.lm_eval_model:SnapStreamLM"
 WATCHED_MODULE = "lm_eval.models"
 
 
@@ -31,7 +31,7 @@ def register() -> None:
     try:
         from lm_eval.api.registry import model_registry
     except ImportError:  # lm-eval without lazy placeholders: registering means importing the model
-        import snapeval.lm_eval_model  # noqa: F401
+        import snapeval.commands.lm_eval_model  # noqa: F401
 
         return
     for name in MODEL_NAMES:

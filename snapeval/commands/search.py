@@ -236,7 +236,7 @@ def check_search(config: Mapping[str, Any]) -> None:
     """Refuse, before torch, a search that could not finish: no search node, a shard, sampled draws or a
     grid of its own, or a budget or parameter that some budget it may try cannot run (every budget of the
     ladder and of the resolution grid between its ends is planned as it would be run)."""
-    from snapeval.plan import check_inputs, plan_points
+    from snapeval.run.plan import check_inputs, plan_points
 
     settings = settings_of(config)
     if config["run"].get("shard"):
@@ -274,10 +274,10 @@ def _round_config(config: Mapping[str, Any], settings: Settings, budgets: list[i
 def _evaluator(config: Mapping[str, Any], settings: Settings) -> Evaluate:
     """The search's ``evaluate``: a grid run of the full cache and the method at the budgets asked, on the
     first n samples (stored samples are not computed again), read back paired by sample."""
-    from snapeval.grid import grid_points
+    from snapeval.configs.grid import grid_points
     from snapeval.models import ModelSpec, load_tokenizer
     from snapeval.results import ResultsDB, identity
-    from snapeval.runner import run
+    from snapeval.run.runner import run
     from snapeval.tasks import load_task
 
     task = load_task(config["task"], config["seed"], settings.max_samples)

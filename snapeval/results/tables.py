@@ -1,5 +1,5 @@
 """The one table formatter of snapeval's commands: the run table (``python -m snapeval``), the sweep's
-closing table (:mod:`snapeval.sweep`) and the results summary (``python -m snapeval.results summary``)
+closing table (:mod:`snapeval.run.sweep`) and the results summary (``python -m snapeval.results summary``)
 show a setting's numbers (:func:`snapeval.results.summary_of`) under the same names, in the same formats.
 
 Each table picks its columns from :data:`NUMBERS` (plus ``95% CI`` and the ``pass@k`` that the draws
@@ -19,7 +19,6 @@ from snapeval.results.summary import SUMMARY_KEYS, TRACE_KEYS
 if TYPE_CHECKING:
     import pandas as pd
 
-    from snapeval.runner import RunSummary
 
 MISSING = "-"
 CI = "95% CI"  # the confidence interval of the accuracy, from ``ci_low`` and ``ci_high``
@@ -103,9 +102,10 @@ def render(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> str:
     return tabulate(table, headers=headers, tablefmt="github", disable_numparse=True, colalign=align)
 
 
-def run_table(summaries: Sequence[RunSummary]) -> str:
-    """The run's table, a row per cache setting: what ran, accuracy with its 95% CI, pass@k and n, how
-    many samples were new, KV memory and speed; and a note when other workers hold some samples."""
+def run_table(summaries: Sequence[Any]) -> str:
+    """The run's table (of the runner's ``RunSummary`` s), a row per cache setting: what ran, accuracy with
+    its 95% CI, pass@k and n, how many samples were new, KV memory and speed; and a note when other workers
+    hold some samples."""
     at_k = dict.fromkeys(key for summary in summaries for key in summary.pass_at)  # a grid's draws may differ
     rows = [
         {

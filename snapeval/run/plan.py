@@ -6,7 +6,7 @@ each checked to fit), the requests, the shard, the extras a method needs, the dr
 model folder's ``config.json`` and the model's trained positions (:func:`check_positions`).
 :func:`make_plan` adds the rest: the device, the answer pass, each cache setting's parameters (a grid
 point whose settings are impossible is set aside, to be recorded as failed), the drafts' configs and
-the model's config with its overrides. The front door, the gate and :func:`snapeval.runner.run` build a
+the model's config with its overrides. The front door, the gate and :func:`snapeval.run.runner.run` build a
 :class:`RunPlan` this way, and the runner executes it without checking anything again.
 """
 
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from snapeval.configs.check import check
 from snapeval.configs.fields import count_error, is_name, model_configs, model_entry
+from snapeval.configs.grid import grid_points, skipped_options
 from snapeval.configs.methods import draft_names, missing_extra
+from snapeval.configs.protocols import announce
 from snapeval.configs.root import MAX_REQUESTS
 from snapeval.errors import SnapevalError
-from snapeval.grid import grid_points, skipped_options
-from snapeval.protocols import announce
 
 if TYPE_CHECKING:
     from snapeval.tasks import Task

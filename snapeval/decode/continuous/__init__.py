@@ -16,19 +16,20 @@ synchronisation and no branch on tensor values; :meth:`ContinuousBatcher.step` m
 run, refills and ring wrap-around included, from one graph. The loop reads the new tokens once per step
 to decide which rows stop.
 
-Every answer equals the one-by-one :func:`snapeval.generation.generate` (the same tokens; sampled rows
+Every answer equals the one-by-one :func:`snapeval.decode.generation.generate` (the same tokens; sampled rows
 draw their ``k``-th token from their own seed and counter ``k``, whatever row or batch they run in).
 Seconds are honest per answer: its prefill (shared prefills split among their draws) and, per step,
 the step's wall time divided among the rows that were decoding.
 
-Modules: :mod:`~snapeval.continuous.work` (a request and its answer), :mod:`~snapeval.continuous.prefills`
-(one prefill shared by the requests of a prompt), :mod:`~snapeval.continuous.rows` (what each row holds,
-its sampling settings as tensors), :mod:`~snapeval.continuous.compiled` (``run.compile`` and the CUDA
-graph's fixed addresses), :mod:`~snapeval.continuous.batcher` (the decode step and the run's loop).
+Modules: :mod:`~snapeval.decode.continuous.work` (a request and its answer),
+:mod:`~snapeval.decode.continuous.prefills` (one prefill shared by the requests of a prompt),
+:mod:`~snapeval.decode.continuous.rows` (what each row holds, its sampling settings as tensors),
+:mod:`~snapeval.decode.continuous.compiled` (``run.compile`` and the CUDA graph's fixed addresses),
+:mod:`~snapeval.decode.continuous.batcher` (the decode step and the run's loop).
 """
 
-from snapeval.continuous.batcher import ContinuousBatcher
-from snapeval.continuous.compiled import COMPILE_MODES, check_compile, compiles
-from snapeval.continuous.work import Answer, Request
+from snapeval.decode.continuous.batcher import ContinuousBatcher
+from snapeval.decode.continuous.compiled import COMPILE_MODES, check_compile, compiles
+from snapeval.decode.continuous.work import Answer, Request
 
 __all__ = ["COMPILE_MODES", "Answer", "ContinuousBatcher", "Request", "check_compile", "compiles"]

@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from snapeval.cache import build_cache, effective_params, method_class
-from snapeval.sampling import Sampling
+from snapeval.decode.sampling import Sampling
 
 
 @dataclass(frozen=True)

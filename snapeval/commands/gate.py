@@ -1,4 +1,4 @@
-"""Accuracy gates: ``python -m snapeval.gate --spec conf/gates/ci.yaml [--db URL] [--no-run]``.
+"""Accuracy gates: ``python -m snapeval.commands.gate --spec conf/gates/ci.yaml [--db URL] [--no-run]``.
 
 A gate compares a compressed cache with the full cache on the same samples of a task. It passes when, over
 at least ``min_n`` paired samples, the one-sided 95% lower bound of the retention
@@ -17,7 +17,7 @@ A gate judges one evaluation of one compressed cache setting: a cache that is no
 (``+exp=...``, ``task.*``, a grid), a task that sets the cache or makes a grid or another job, and the
 full cache as the compressed one are refused before anything runs.
 
-Both settings are first run through :func:`snapeval.runner.run`, which computes only the samples the
+Both settings are first run through :func:`snapeval.run.runner.run`, which computes only the samples the
 database lacks (skipped with ``--no-run``); verdicts are then judged from the database alone, on every
 paired sample stored for the two configs. Exit status: 0 when every gate passes, 1 when one fails, 2 on a
 bad spec, config or database.
@@ -39,13 +39,14 @@ from typing import Any
 import numpy as np
 import yaml
 
-from snapeval.cli import DB_OPTION, add_db_option, one_line_errors, open_existing
+from snapeval.cli import one_line_errors
 from snapeval.configs import legacy
 from snapeval.configs.check import check
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
-from snapeval.plan import Inputs, RunPlan, check_inputs, make_plan
 from snapeval.results import ResultsDB, database_url, identity
+from snapeval.results.options import DB_OPTION, add_db_option, open_existing
+from snapeval.run.plan import Inputs, RunPlan, check_inputs, make_plan
 from snapeval.stats import CONFIDENCE, Retention, retention
 
 CACHE_OVERRIDE = re.compile(r"(\+{1,2}|~)?cache(\.[\w.]+)?(=.*)?", flags=re.DOTALL)
@@ -197,7 +198,7 @@ def one_setting(config: Mapping[str, Any], side: str) -> None:
 def checked_configs(gates: list[Gate], spec: Path, db_url: str, runs: bool) -> dict[str, Inputs | None]:
     """Each gate's full-cache and compressed config by where it comes from in ``spec`` (``<spec>[i].task``
     or ``.cache``), checked before torch loads: its fields, and when the gates ``runs``, its inputs
-    (:func:`snapeval.plan.check_inputs`: task, data, shard, drafts' names), which it maps to. A bad one
+    (:func:`snapeval.run.plan.check_inputs`: task, data, shard, drafts' names), which it maps to. A bad one
     is refused in one line naming both."""
     checked = {}
     for index, gate in enumerate(gates):
@@ -221,7 +222,9 @@ def located(where: str) -> Iterator[None]:
 
 def run_gate(gate: Gate, plans: list[RunPlan]) -> None:
     """Run what the database lacks of the gate's full-cache and compressed plans."""
-    from snapeval.runner import execute  # torch: only once the spec, its configs and the database are good
+    from snapeval.run.runner import (
+        execute,  # torch: only once the spec, its configs and the database are good
+    )
 
     for plan in plans:
         start = time.perf_counter()
@@ -253,7 +256,9 @@ def _scores(db: ResultsDB, config: Mapping[str, Any]) -> dict[str, float]:
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m snapeval.gate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m snapeval.commands.gate", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "--spec", required=True, type=Path, help="YAML list of gates, e.g. conf/gates/ci.yaml"
     )

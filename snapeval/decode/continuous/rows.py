@@ -8,10 +8,10 @@ import torch
 
 from snapeval.cache import SnapevalCache, build_cache
 from snapeval.cache.eviction import Eviction
-from snapeval.continuous.classes import RowClasses
-from snapeval.continuous.prefills import Prefill
-from snapeval.continuous.work import Answer, Request
-from snapeval.sampling import Sampling
+from snapeval.decode.continuous.classes import RowClasses
+from snapeval.decode.continuous.prefills import Prefill
+from snapeval.decode.continuous.work import Answer, Request
+from snapeval.decode.sampling import Sampling
 
 
 @dataclass
