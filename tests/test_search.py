@@ -164,24 +164,28 @@ def test_a_search_that_cannot_show_its_target_is_refused_before_torch(tmp_path, 
     )
 
 
-def test_a_search_runs_as_stored_grid_runs_and_stores_its_decision(tmp_path, tiny_llama_overrides):
-    """Random weights: the full cache gets nothing right, so nothing is decided (the plumbing is tested).
-    Target 0.3 keeps it to 4 samples: 0.3**4 = 0.008 <= 0.025 < 0.3**3."""
-    database = tmp_path / "db.sqlite"
-    overrides = [
-        *tiny_llama_overrides,
+def tiny_search(model: tuple[str, ...], database, samples: int) -> list[str]:
+    """A search of two budgets on the tiny random model, up to ``samples`` samples, target 0.3 (4 samples
+    without a loss show it at 97.5%: 0.3**4 = 0.008 <= 0.025 < 0.3**3)."""
+    return [
+        *model,
         "+exp=budget_search",
         "search.budgets=[128,160]",
         "search.target=0.3",
         "search.min_samples=2",
-    ]
-    overrides += [
-        "search.max_samples=4",
+        f"search.max_samples={samples}",
         "task.context_length=256",
         "task.max_new_tokens=2",
-        "task.num_prompts=4",
+        f"task.num_prompts={samples}",
+        f"run.db={database}",
     ]
-    overrides += [f"run.db={database}", "search.compare=true"]
+
+
+def test_a_search_runs_as_stored_grid_runs_and_stores_its_decision(tmp_path, tiny_llama_overrides):
+    """Random weights: the full cache gets nothing right, so nothing is decided (the plumbing is tested).
+    Target 0.3 keeps it to 4 samples: 0.3**4 = 0.008 <= 0.025 < 0.3**3."""
+    database = tmp_path / "db.sqlite"
+    overrides = [*tiny_search(tiny_llama_overrides, database, samples=4), "search.compare=true"]
     assert check_before_hydra(overrides) is None  # accepted by the front door; the search plans its rounds
     printed = run_search(compose_config(*overrides))
     assert "the full cache got no sample right" in printed
@@ -233,19 +237,7 @@ def test_two_identical_searches_on_one_database_share_it(tmp_path, tiny_llama_ov
     """Started at once, each claims part of every round's samples and waits for the other's (this was a
     KeyError): both decide the same, the decision is stored once, and no sample is computed twice."""
     database = tmp_path / "db.sqlite"
-    overrides = [
-        *tiny_llama_overrides,
-        "+exp=budget_search",
-        "search.budgets=[128,160]",
-        "search.target=0.3",
-        "search.min_samples=2",
-        "search.max_samples=8",
-        "task.context_length=256",
-        "task.max_new_tokens=2",
-        "task.num_prompts=8",
-        "run.batch_size=1",
-        f"run.db={database}",
-    ]
+    overrides = [*tiny_search(tiny_llama_overrides, database, samples=8), "run.batch_size=1"]
     command = [sys.executable, "-m", "snapeval", *overrides]
     workers = [
         subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"

@@ -84,7 +84,7 @@ def judge(budget: int, scores: Scores, target: float, confidence: float = CONFID
 
 @dataclass(frozen=True)
 class Settings:
-    """``search.*``: the method's coarse ladder, the bisection's resolution and the samples allowed."""
+    """``search.*``: the method's coarse ladder, the grid's resolution below it and the samples allowed."""
 
     method: str
     target: float
