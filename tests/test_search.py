@@ -11,9 +11,19 @@ import sys
 import pytest
 
 from snapeval.__main__ import check_before_hydra
-from snapeval.commands.search import Settings, describe, exhaustive, first_samples, judge, run_search, search
+from snapeval.commands.search import (
+    Decision,
+    Settings,
+    describe,
+    exhaustive,
+    first_samples,
+    judge,
+    run_search,
+    search,
+)
 from snapeval.configs.compose import compose_config
 from snapeval.results import ResultsDB
+from snapeval.stats import STAGE_CONFIDENCE
 
 SETTINGS = Settings("snapstream", 0.95, (128, 256, 512, 1024), 32, 10, 100)
 LADDER = (128, 256, 512, 1024)
@@ -253,3 +263,14 @@ def test_two_identical_searches_on_one_database_share_it(tmp_path, tiny_llama_ov
             "SELECT config_hash, COUNT(*) FROM samples GROUP BY config_hash"
         ).fetchall()
     assert sorted(count for _, count in samples) == [8, 8, 8]  # full, 128, 160: each sample stored once
+
+
+def test_an_undecided_search_says_how_many_right_answers_it_had():
+    """72 samples, the full cache right on 70, the method keeping all 70: a 0.95 target needs 72 at 97.5%."""
+    full = [1.0] * 70 + [0.0] * 2
+    evidence = judge(1024, (full, full), 0.95, STAGE_CONFIDENCE)
+    assert (evidence.verdict, evidence.evidence) == ("too few", 70)
+    decision = Decision("snapstream", 0.95, None, (evidence,), 144, exhaustive=False)
+    assert "n = 72 cannot show 0.95 retention (needs >= 72 the full cache gets right; has 70)" in describe(
+        decision
+    )

@@ -47,7 +47,8 @@ class Evidence:
     retention: float
     low: float
     high: float
-    verdict: str  # pass | fail | open
+    verdict: str  # pass | fail | open | too few
+    evidence: int = 0  # samples the full cache got right (0/1 scores), else n
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def judge(budget: int, scores: Scores, target: float, confidence: float = CONFID
     """The verdict of ``scores`` (method, full) on ``target`` at ``confidence`` (see the module's doc)."""
     method, full = scores
     bounds = retention(method, full, confidence)
-    return Evidence(budget, bounds.n, bounds.ratio, bounds.lower, bounds.upper, bounds.verdict(target))
+    verdict = bounds.verdict(target)
+    return Evidence(budget, bounds.n, bounds.ratio, bounds.lower, bounds.upper, verdict, bounds.evidence)
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,10 @@ def describe(decision: Decision, reference: Decision | None = None) -> str:
 
 def _too_few(evidence: Evidence, target: float) -> str:
     needed = samples_needed(target, STAGE_CONFIDENCE)
-    return f"n = {evidence.n} cannot show {target:g} retention (needs >= {needed} the full cache gets right)"
+    return (
+        f"n = {evidence.n} cannot show {target:g} retention "
+        f"(needs >= {needed} the full cache gets right; has {evidence.evidence})"
+    )
 
 
 def evidence_rows(decision: Decision) -> Sequence[dict]:
