@@ -136,11 +136,16 @@ def search(settings: Settings, evaluate: Evaluate) -> Decision:
     return _decision(settings, settled, passing, samples, exhaustive=False)
 
 
+def every_budget(settings: Settings) -> list[int]:
+    """The ladder and the resolution grid between its ends: every budget a search may try."""
+    low, high = min(settings.budgets), max(settings.budgets)
+    return sorted({*range(low, high + 1, settings.resolution), *settings.budgets})
+
+
 def exhaustive(settings: Settings, evaluate: Evaluate) -> Decision:
     """Every budget of the resolution grid between the ladder's ends on ``max_samples`` samples, decided as
     one fixed sequence at 95%."""
-    low, high = min(settings.budgets), max(settings.budgets)
-    budgets = sorted({*range(low, high + 1, settings.resolution), *settings.budgets})
+    budgets = every_budget(settings)
     settled = {b: judge(b, s, settings.target) for b, s in evaluate(budgets, settings.max_samples).items()}
     passing = smallest_kept({b: e.verdict for b, e in settled.items()})
     samples = settings.max_samples * (len(budgets) + 1)
@@ -255,8 +260,7 @@ def check_search(config: Mapping[str, Any]) -> None:
         raise SnapevalError(message, "generation.do_sample")
     if config.get("grid"):
         raise SnapevalError("a budget search makes its own grid of budgets; drop the grid", "grid")
-    low, high = min(settings.budgets), max(settings.budgets)
-    budgets = sorted({*range(low, high + 1, settings.resolution), *settings.budgets})
+    budgets = every_budget(settings)
     try:
         _, failed = plan_points(check_inputs(_round_config(config, settings, budgets, settings.max_samples)))
     except SnapevalError as exc:  # the round's grid takes the search's parameters: name them as the user did
