@@ -1,9 +1,11 @@
 """The cache methods' declarations: one dataclass per built-in method, the ``cache`` node of the config.
 
-Each dataclass is a method's single declaration: its name (``method``), its ``label`` in figures and
-tables, its cache's ``shape`` while decoding and its ``source``, the optional ``extra`` it needs, and its
-parameters, their types, defaults and checks (each field's :func:`~snapeval.configs.fields.setting`
-check, relations between fields in ``__post_init__``; one :class:`~snapeval.errors.SnapevalError`
+Each dataclass with a ``label`` is a method's single declaration, a :class:`Method` (what every method
+has, declared once): its name (``method``), its ``label`` in figures and tables, its cache's ``shape``
+while decoding and its ``source``, the optional ``extra`` it needs, and its parameters (a group that
+methods share, such as SnapKV's :class:`Observation`, declared once), their types, defaults and checks
+(each field's :func:`~snapeval.configs.fields.setting` check, relations between fields in
+:meth:`Method.check_relations` and ``reserved``; one :class:`~snapeval.errors.SnapevalError`
 naming ``cache.<field>``). Everything else is derived from it (:mod:`snapeval.configs.methods`): the list
 of methods, Hydra's ``cache`` options (``cache=snapstream cache.budget=256``), what results store of a
 config, figure labels and styles, the method table of ``docs/methods.md``, and the engine class's name
@@ -72,71 +74,93 @@ def press_arguments(press_args: str) -> dict[str, Any]:
 
 
 @dataclass
-class Full(Checked):
+class Method(Checked):
+    """What every method declares; not a method itself (it has no ``label``). Each method's dataclass
+    sets its ``label`` (its name in figures and tables), its cache's ``shape`` while decoding, its
+    ``source``, the optional ``extra`` it needs (the dependency and the snapeval extra), and its name,
+    ``method``; its own fields follow ``budget`` and ``ratio``, in the order results store them.
+    ``reserved`` names the fields whose slots the budget must exceed; such a method takes ``ratio`` instead
+    of ``budget``, and sizes its cache as ``ceil(ratio * prompt length)`` (None: the method checks its
+    budget itself, or takes none). :meth:`check_relations` checks its other relations between fields,
+    after each field's own check and before the budget's."""
+
+    path: ClassVar[str] = "cache"
+    label: ClassVar[str]
+    shape: ClassVar[str] = "-"
+    source: ClassVar[str] = "-"
+    extra: ClassVar[str | None] = None
+    reserved: ClassVar[tuple[str, ...] | None] = None
+    method: str
+    budget: int | None = DEFAULT_BUDGET
+    ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_relations()
+        if self.reserved is not None:
+            slots_reserved = sum(getattr(self, name) for name in self.reserved)
+            what = " + ".join(f"cache.{name}" for name in self.reserved)
+            check_budget(self.budget, self.ratio, slots_reserved, what)
+
+    def check_relations(self) -> None:
+        """Refuse a relation between this method's fields that does not hold (none but the budget's)."""
+
+
+@dataclass
+class Observation:
+    """SnapKV's scores: the attention of the last ``window`` prompt queries, pooled with ``kernel`` and
+    ``pooling`` (fields a method takes after its ``budget`` and ``ratio``)."""
+
+    window: int = setting(32, check=slots())
+    kernel: int = setting(7, check=odd)
+    pooling: str = setting("max", check=choice(*POOLINGS))
+
+
+@dataclass
+class Full(Method):
     """Full KV cache: keeps every prompt token and appends every generated one; the reference every
     compressed method is measured against. No parameters (``budget`` and ``ratio`` are ignored)."""
 
-    path: ClassVar[str] = "cache"
-    label: ClassVar[str] = "Full cache"  # its name in figures and tables
-    shape: ClassVar[str] = "grows"  # how its cache grows while decoding
-    source: ClassVar[str] = "-"
+    label = "Full cache"
+    shape = "grows"
     method: str = "full"
     budget: int | None = ignored()
     ratio: float | None = ignored()
 
 
 @dataclass
-class StreamingLLM(Checked):
+class StreamingLLM(Method):
     """StreamingLLM (arXiv:2309.17453): the first ``sinks`` tokens and a ring of the most recent
     ``budget - sinks`` tokens, which each generated token advances. ``rerotate`` gives keys their position
     inside the cache, as the original does.
-
-    ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
     """
 
-    path: ClassVar[str] = "cache"
-    label: ClassVar[str] = "StreamingLLM"  # its name in figures and tables
-    shape: ClassVar[str] = "fixed, ring"  # how its cache grows while decoding
-    source: ClassVar[str] = "Xiao et al. 2023, arXiv:2309.17453"
+    label = "StreamingLLM"
+    shape = "fixed, ring"
+    source = "Xiao et al. 2023, arXiv:2309.17453"
+    reserved = ("sinks",)
     method: str = "streaming_llm"
-    budget: int | None = DEFAULT_BUDGET
-    ratio: float | None = None
     sinks: int = setting(4, check=slots(0))
     rerotate: bool = setting(False, check=boolean)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_budget(self.budget, self.ratio, self.sinks, "cache.sinks")
-
 
 @dataclass
-class SnapKV(Checked):
+class SnapKV(Observation, Method):
     """SnapKV (arXiv:2404.14469): at the end of prefill, keep the last ``window`` prompt tokens and the
     ``budget - window`` tokens those queries attend to most (attention pooled with ``kernel``/``pooling``,
     reduced over each GQA group by ``gqa_reduce``); generated tokens are appended.
-
-    ``ratio`` instead of ``budget`` keeps ``ceil(ratio * prompt length)`` tokens.
     """
 
-    path: ClassVar[str] = "cache"
-    label: ClassVar[str] = "SnapKV"  # its name in figures and tables
-    shape: ClassVar[str] = "grows after prefill"  # how its cache grows while decoding
-    source: ClassVar[str] = "Li et al. 2024, arXiv:2404.14469"
+    label = "SnapKV"
+    shape = "grows after prefill"
+    source = "Li et al. 2024, arXiv:2404.14469"
+    reserved = ("window",)
     method: str = "snapkv"
-    budget: int | None = DEFAULT_BUDGET
-    ratio: float | None = None
-    window: int = setting(32, check=slots())
-    kernel: int = setting(7, check=odd)
-    pooling: str = setting("max", check=choice(*POOLINGS))
     gqa_reduce: str = setting("mean", check=choice(*GQA_REDUCTIONS))
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_budget(self.budget, self.ratio, self.window, "cache.window")
 
 
 @dataclass
-class SnapStream(Checked):
+class SnapStream(Observation, Method):
     """SnapStream: a fixed cache of ``budget`` slots; ``budget - ring`` hold the prompt (the first
     ``sinks``, the last ``window`` and the best of the rest by SnapKV's scores), the other ``ring`` slots
     a ring of generated tokens that overwrites its oldest.
@@ -144,27 +168,19 @@ class SnapStream(Checked):
     ``reselect_every`` (off by default: SnapStream is the paper's method) re-scores instead of dropping:
     whenever the ring is full, its generated tokens are scored by SnapKV's priority from the last ``window``
     generated queries, and the ``reselect_every`` lowest are evicted (the prompt stays pinned).
-
-    ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
     """
 
-    path: ClassVar[str] = "cache"
-    label: ClassVar[str] = "SnapStream"  # its name in figures and tables
-    shape: ClassVar[str] = "fixed, ring"  # how its cache grows while decoding
-    source: ClassVar[str] = "SnapStream (SambaNova)"
+    label = "SnapStream"
+    shape = "fixed, ring"
+    source = "SnapStream (SambaNova)"
+    reserved = ("window", "sinks", "ring")
     method: str = "snapstream"
-    budget: int | None = DEFAULT_BUDGET
-    ratio: float | None = None
-    window: int = setting(32, check=slots())
-    kernel: int = setting(7, check=odd)
-    pooling: str = setting("max", check=choice(*POOLINGS))
     sinks: int = setting(4, check=slots(0))
     ring: int = setting(64, check=slots())
     gqa_reduce: str = setting("mean", check=choice(*GQA_REDUCTIONS))
     reselect_every: int | None = setting(None, when_set=True)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_relations(self) -> None:
         if self.reselect_every is not None and (
             not isinstance(self.reselect_every, int) or not 0 < self.reselect_every < self.ring
         ):
@@ -172,64 +188,46 @@ class SnapStream(Checked):
                 f"must be null or an integer in [1, cache.ring = {self.ring}), got {self.reselect_every!r}"
             )
             raise SnapevalError(message, "cache.reselect_every")
-        reserved = self.window + self.sinks + self.ring
-        check_budget(self.budget, self.ratio, reserved, "cache.window + cache.sinks + cache.ring")
 
 
 @dataclass
-class SageKV(Checked):
+class SageKV(Method):
     """SAGE-KV (arXiv:2503.08879): a fixed cache of ``budget`` slots: the first ``sinks`` tokens, a
     rolling window of the ``recent`` last ones, and the candidates in between that the last ``window``
     prompt queries attend to most, per KV head (query heads reduced by ``gqa_reduce``).
-
-    ``ratio`` instead of ``budget`` sizes the cache as ``ceil(ratio * prompt length)``.
     """
 
-    path: ClassVar[str] = "cache"
-    label: ClassVar[str] = "SAGE-KV"  # its name in figures and tables
-    shape: ClassVar[str] = "fixed, ring"  # how its cache grows while decoding
-    source: ClassVar[str] = "Wang et al. 2025, arXiv:2503.08879"
+    label = "SAGE-KV"
+    shape = "fixed, ring"
+    source = "Wang et al. 2025, arXiv:2503.08879"
+    reserved = ("sinks", "recent")
     method: str = "sage_kv"
-    budget: int | None = DEFAULT_BUDGET
-    ratio: float | None = None
     sinks: int = setting(4, check=slots(0))
     recent: int = setting(64, check=slots())
     window: int = setting(1, check=slots())
     gqa_reduce: str = setting("mean", check=choice(*GQA_REDUCTIONS))
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_budget(self.budget, self.ratio, self.sinks + self.recent, "cache.sinks + cache.recent")
-
 
 @dataclass
-class SpeculativePrefill(Checked):
+class SpeculativePrefill(Method):
     """Speculative prefill (arXiv:2502.02789): a ``draft`` model (``self``: the target) reads the prompt;
     the target prefills only its last ``window`` tokens and the chunks of ``chunk`` tokens the draft's
     last ``window`` queries attend to most (importance average-pooled with ``kernel``), ``budget`` in all.
-
-    ``ratio`` instead of ``budget`` keeps ``ceil(ratio * prompt length)`` tokens.
     """
 
-    path: ClassVar[str] = "cache"
-    label: ClassVar[str] = "Speculative prefill"  # its name in figures and tables
-    shape: ClassVar[str] = "grows after prefill"  # how its cache grows while decoding
-    source: ClassVar[str] = "Liu et al. 2025, arXiv:2502.02789"
+    label = "Speculative prefill"
+    shape = "grows after prefill"
+    source = "Liu et al. 2025, arXiv:2502.02789"
+    reserved = ("window",)
     method: str = "speculative_prefill"
-    budget: int | None = DEFAULT_BUDGET
-    ratio: float | None = None
     draft: str = setting(SELF_DRAFT, check=draft_name)
     window: int = setting(8, check=slots())
     kernel: int = setting(13, check=odd)
     chunk: int = setting(32, check=slots())
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_budget(self.budget, self.ratio, self.window, "cache.window")
-
 
 @dataclass
-class RKV(Checked):
+class RKV(Method):
     """R-KV (arXiv:2505.24133): redundancy-aware compression while decoding, for reasoning traces. A row of
     ``budget + buffer`` slots per layer and KV head; whenever it is full, each layer and KV head keeps
     ``budget`` tokens: the last ``window`` and the best of the rest by ``mix_lambda * importance -
@@ -242,12 +240,10 @@ class RKV(Checked):
     The defaults but the budget are the authors' (code and paper). ``ratio`` is ignored.
     """
 
-    path: ClassVar[str] = "cache"
-    label: ClassVar[str] = "R-KV"  # its name in figures and tables
-    shape: ClassVar[str] = "fixed, re-selected while decoding"  # how its cache grows while decoding
-    source: ClassVar[str] = "Cai et al. 2025, arXiv:2505.24133"
+    label = "R-KV"
+    shape = "fixed, re-selected while decoding"
+    source = "Cai et al. 2025, arXiv:2505.24133"
     method: str = "rkv"
-    budget: int | None = DEFAULT_BUDGET
     ratio: float | None = ignored()
     buffer: int = setting(128, check=slots())
     window: int = setting(8, check=slots())
@@ -255,8 +251,7 @@ class RKV(Checked):
     mix_lambda: float = setting(0.1, check=number(0, 1))
     threshold: float = setting(0.5, check=number(-1, 1))
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_relations(self) -> None:
         if self.buffer < self.window:
             raise SnapevalError(
                 f"must be at least cache.window = {self.window}, got {self.buffer}", "cache.buffer"
@@ -269,7 +264,7 @@ class RKV(Checked):
 
 
 @dataclass
-class Kvpress(Checked):
+class Kvpress(Method):
     """kvpress (https://github.com/NVIDIA/kvpress): the scorer press ``press`` (a class of ``kvpress``
     with a ``score`` method, made with the JSON object ``press_args``) scores each layer's prompt tokens
     per KV head; the ``budget`` best are kept, or without a budget ``int(L * (1 - compression_ratio))``.
@@ -284,13 +279,10 @@ class Kvpress(Checked):
     ``ratio`` is ignored.
     """
 
-    extra: ClassVar[str] = "kvpress"  # the optional dependency (and snapeval extra) it needs
-    path: ClassVar[str] = "cache"
-    label: ClassVar[str] = "kvpress"  # its name in figures and tables
-    shape: ClassVar[str] = (
-        "grows after prefill; `decoding`: fixed, re-selected"  # how its cache grows while decoding
-    )
-    source: ClassVar[str] = "NVIDIA kvpress (optional extra)"
+    label = "kvpress"
+    shape = "grows after prefill; `decoding`: fixed, re-selected"
+    source = "NVIDIA kvpress (optional extra)"
+    extra = "kvpress"
     method: str = "kvpress"
     budget: int | None = None
     ratio: float | None = ignored()
@@ -301,8 +293,7 @@ class Kvpress(Checked):
     compression_interval: int | None = setting(512, when_set=True)
     hidden_states_buffer_size: int | None = setting(256, when_set=True)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
+    def check_relations(self) -> None:
         budget, compression_ratio = self.budget, self.compression_ratio
         if self.decoding:
             check_slot_count(self.compression_interval, "cache.compression_interval", 1)
