@@ -74,8 +74,8 @@ def cached_tokens(method: str, context: int, budget: int | None) -> int:
     """Tokens a method holds per layer for a ``context``-token sequence: the slots its cache class says a
     row needs (:meth:`~snapeval.cache.base.SnapevalCache.decode_slots`), so the estimate is the engine's.
 
-    ``full`` keeps them all; SnapStream, StreamingLLM and SAGE-KV preallocate ``budget`` slots; SnapKV
-    keeps at most ``budget``.
+    ``full`` keeps them all; each other method of ``docs/methods.md`` what its cache class gives a row
+    (``budget`` slots for most, R-KV's ``budget + buffer``).
     """
     if method == FULL:
         return context
