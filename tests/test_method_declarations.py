@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import tomllib
 
 from snapeval.cache import effective_params
 from snapeval.configs import cache as declarations
@@ -19,6 +21,8 @@ from snapeval.configs.compose import compose_config
 from snapeval.configs.fields import setting, slots
 from snapeval.configs.methods import METHODS, declared_methods
 from snapeval.errors import SnapevalError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 STORED_DEFAULTS = {
     "full": {"method": "full"},
@@ -134,3 +138,19 @@ def test_a_ninth_method_is_one_short_declaration():
     with pytest.raises(SnapevalError, match=r"^cache\.budget: .* larger than cache\.recent = 16, got 16$"):
         KeepLast(budget=16)
     assert KeepLast(budget=None, ratio=0.5).ratio == 0.5
+
+
+def enumerations() -> dict[str, str]:
+    """The prose that names the methods one by one rather than pointing at docs/methods.md: the package's
+    description and the README's opening paragraph."""
+    readme = (ROOT / "README.md").read_text().split("\n\n")[1]
+    description = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"]
+    return {"README.md's opening paragraph": readme, "pyproject.toml's description": description}
+
+
+@pytest.mark.parametrize("where", list(enumerations()))
+def test_a_list_of_the_methods_names_every_method(where):
+    """A new method is named where the methods are listed (elsewhere the prose points at docs/methods.md)."""
+    listed = " ".join(enumerations()[where].split()).lower()
+    missing = [d.label for name, d in METHODS.items() if name != "full" and d.label.lower() not in listed]
+    assert not missing, f"{where} does not name {', '.join(missing)}"

@@ -7,11 +7,11 @@ would leave log-likelihoods unchanged (lm-eval issue 3298); here the continuatio
 was evicted.
 
 Model arguments: ``pretrained`` (a snapeval model name such as ``smollm2-135m``, a Hub id, or a path),
-``method`` (any method of :mod:`snapeval.cache.registry`: full, sage_kv, snapkv, snapstream,
-streaming_llm, or ``package.module:ClassName``) and that method's parameters (its class's constructor
-arguments, e.g. ``budget``, ``ratio``, ``window``, ``sinks``, ``ring``), ``compression``
-(query_aware: the whole context is compressed; query_agnostic: the context up to the last occurrence of
-``query_start`` is compressed and the rest appended after), ``max_length`` (default: the model's window),
+``method`` (any method of :mod:`snapeval.cache.registry`, each a row of ``docs/methods.md``, or
+``package.module:ClassName``) and that method's parameters (its class's constructor arguments, e.g.
+``budget``, ``ratio``, ``window``, ``sinks``, ``ring``), ``compression`` (query_aware: the whole context is
+compressed; query_agnostic: the context up to the last occurrence of ``query_start`` is compressed and the
+rest appended after), ``max_length`` (default: the model's window),
 ``compile`` (the decode step: auto | off | on). ``generate_until`` requests go through snapeval's continuous
 batcher: lm-eval's ``--batch_size`` rows decode together (an integer; ``auto`` means 8), each refilled as
 soon as its answer ends, and identical requests (lm-eval's ``repeats``) share one prefill. A context
