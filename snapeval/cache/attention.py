@@ -42,6 +42,7 @@ from snapeval.cache.decode_attention import grouped_decode_attention
 from snapeval.cache.method import LAYER_WINDOW
 from snapeval.cache.mla import absorbed_decode_attention, is_latent, up_projections
 from snapeval.cache.rope import key_rotation, rope_inv_freq
+from snapeval.cache.tensor_parallel import tp_degree
 from snapeval.couplings import (
     CACHE_PARAMETERS,
     MLA_LATENT_CACHE,
@@ -63,6 +64,7 @@ INPUTS_KWARG = "snapeval_inputs"  # and the module's forward inputs, for a cache
 EXPAND_LATENT = "snapeval_expand_latent"  # attribute install() sets on an MLA module: its own expand_kv
 UP_PROJECTIONS = "snapeval_up_projections"  # and its kv_b_proj halves, for absorbed decode attention
 IN_LOOP_HOOK = "snapeval_in_loop_hook"  # attribute that install() sets once it hooked the model's forward
+LOCAL_HEADS = "snapeval_local_heads"  # attribute install() sets: the query heads this rank's module computes
 
 
 def snapeval_attention(
@@ -258,8 +260,9 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
     eager attention for a model loaded with eager attention: see :func:`snapeval.models.base_attention`),
     the model's RoPE frequencies as ``ROPE_INV_FREQ`` (or None) and how to re-rotate its keys as
     ``ROPE_ROTATION`` (a :class:`~snapeval.cache.rope.KeyRotation`, or why not), for caches that re-rotate
-    keys, and its rotary embedding module as ``ROTARY_MODULE``, for scorers that rotate queries of their own.
-    A family the engine cannot serve is refused in one line (:func:`check_model_config`).
+    keys, its rotary embedding module as ``ROTARY_MODULE``, for scorers that rotate queries of their own,
+    and the query heads it computes as ``LOCAL_HEADS`` (a rank's share under tensor parallel). A family
+    the engine cannot serve is refused in one line (:func:`check_model_config`).
     """
     if not getattr(model, "_supports_attention_backend", False):
         raise SnapevalError(
@@ -275,6 +278,8 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
             f"latent (installed: {transformers_version()})",
             "model",
         )
+    tensor_parallel = tp_degree(model)  # a rank's module computes its share of the heads
+    heads = getattr(model.config.get_text_config(), "num_attention_heads", None)
     inv_freq = rope_inv_freq(model)
     rotary = getattr(model.get_decoder(), "rotary_emb", None)
     implementation = model.config._attn_implementation
@@ -290,6 +295,7 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
         setattr(module, ROPE_INV_FREQ, inv_freq)
         vars(module)[ROPE_ROTATION] = rotation
         vars(module)[ROTARY_MODULE] = rotary  # a plain reference, not a registered submodule
+        vars(module)[LOCAL_HEADS] = heads // tensor_parallel if heads else None
         vars(module)[BASE_ATTENTION] = _eager_attention(model, module) if eager else sdpa_attention_forward
         absorbs = is_latent(module) and not eager and hasattr(module, "expand_kv")
         if absorbs and EXPAND_LATENT not in vars(module):

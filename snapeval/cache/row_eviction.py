@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from snapeval.cache.attention import ROTARY_MODULE
+from snapeval.cache.attention import LOCAL_HEADS, ROTARY_MODULE
 from snapeval.cache.base import EMPTY, SnapevalCache
 from snapeval.cache.eviction import Eviction, Recent
 from snapeval.errors import SnapevalError
@@ -130,4 +130,4 @@ def _entry_shape(module: torch.nn.Module, name: str) -> tuple[int, ...]:
     if name == HIDDEN:
         return (config.hidden_size,)
     width = getattr(module, "qk_head_dim", None) or module.head_dim  # MLA: nope + rope per head
-    return (config.num_attention_heads, width)
+    return (getattr(module, LOCAL_HEADS, None) or config.num_attention_heads, width)  # a rank's own, under TP

@@ -14,6 +14,7 @@ from snapeval.cache.attention import cache_keyword
 from snapeval.cache.base import SnapevalCache
 from snapeval.cache.method import LayerPrompt, Selection, resolve_budget
 from snapeval.cache.scoring import prompt_window_attention
+from snapeval.cache.tensor_parallel import mean_over_ranks
 from snapeval.configs.cache import SELF_DRAFT, SpeculativePrefill
 from snapeval.errors import SnapevalError
 
@@ -96,7 +97,8 @@ class SpeculativePrefillCache(SnapevalCache):
 
 
 class _ImportanceRecorder(SnapevalCache):
-    """A draft's prefill cache that records each layer's window attention, averaged over heads."""
+    """A draft's prefill cache that records each layer's window attention, averaged over heads (a
+    rank's own heads under tensor parallel: :func:`draft_importance` averages the ranks' means)."""
 
     def __init__(self, window: int) -> None:
         super().__init__()
@@ -124,7 +126,7 @@ def draft_importance(draft: Draft, prompt_ids: list[int], window: int, kernel: i
     device = draft.model.device
     ids_tensor = torch.tensor([ids], device=device)
     draft.model(input_ids=ids_tensor, logits_to_keep=1, **{cache_keyword(draft.model): recorder})
-    scores = torch.stack(recorder.importance).mean(dim=0).float().cpu()
+    scores = mean_over_ranks(torch.stack(recorder.importance).mean(dim=0).float(), draft.model).cpu()
     scores = F.avg_pool1d(scores[None], kernel, stride=1, padding=kernel // 2)[0]
     if draft.tokenizer is not None:
         return carry_scores(own["offset_mapping"], scores, target["offset_mapping"])

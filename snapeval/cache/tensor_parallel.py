@@ -1,0 +1,41 @@
+"""The engine under tensor parallel: a model split across ranks by transformers' TP plan gives each rank's
+attention its own share of the heads, and the engine selects, rings and evicts on those; what is decided
+across heads (speculative prefill's token importance) is averaged over the ranks here, so that every rank
+takes the decision the one-device model takes. Which world a run has is :mod:`snapeval.models.parallel`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def tp_degree(model: Any) -> int:
+    """The number of ranks ``model``'s weights are split across (1 for a model on one device)."""
+    return int(getattr(model, "_tp_size", None) or getattr(model, "tp_size", None) or 1)
+
+
+def mean_over_ranks(tensor: Any, model: Any) -> Any:
+    """``tensor`` (a mean over this rank's heads of ``model``) averaged over the ranks ``model`` is split
+    across: the mean over all its heads, every rank holding as many. ``tensor`` itself where the model is
+    on one device. A decision taken from it (which tokens speculative prefill keeps) is then the same on
+    every rank, as the one-device model's."""
+    size = tp_degree(model)
+    if size == 1:
+        return tensor
+    total = tensor.contiguous().clone()
+    torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM, group=tp_group(model))
+    return total / size
+
+
+def tp_group(model: Any) -> Any:
+    """The process group of the ranks ``model`` is split across: its device mesh's ``tp`` dimension
+    (transformers 5.17 on: a (pp, fsdp, tp) mesh), its one dimension (before), else the default group."""
+    mesh = getattr(model, "_device_mesh", None)
+    if mesh is None:
+        return None
+    names = getattr(mesh, "mesh_dim_names", None) or ()
+    if "tp" in names:
+        return mesh["tp"].get_group()
+    return mesh.get_group() if mesh.ndim == 1 else None

@@ -1,0 +1,156 @@
+"""The launcher's world: tensor parallel under torchrun, on transformers' TP plans.
+
+``torchrun --nproc-per-node N ...`` starts N processes with ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK`` in
+their environment; :func:`launcher_world` reads them (a plain ``python`` run is a world of one). A world
+larger than one is tensor parallel: every rank loads the same model with transformers' TP plan
+(:func:`tp_load_arguments`), which splits attention heads and MLP columns across the ranks and gathers the
+LM head's output, so every rank sees the same logits and takes the same token. :func:`init_process_group`
+starts the process group (NCCL on CUDA, gloo on CPU) with a timeout and binds a rank to its device.
+
+:func:`check_tensor_parallel` refuses, in one line and before any weight loads, what TP cannot split: a
+family whose config class carries no TP plan, head counts the world does not divide (each rank must hold
+whole KV heads and their whole GQA groups), and MLA (DeepSeek-V2/V3: its shared latent is one cache head
+that cannot be split; replicating it on every rank is not measured here, so it is refused).
+
+Only the writer (rank 0, :func:`is_writer`) writes results; the others compute alongside it.
+Importing this module loads no torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from snapeval.errors import SnapevalError
+
+TIMEOUT_S = 600  # a collective that waits longer than this on a peer ends the rank (NCCL/gloo timeout)
+FIELD = "model.tp"  # what a refusal names: the launcher's world, as a TP degree
+
+
+@dataclass(frozen=True)
+class World:
+    """The processes the launcher started: ``size`` of them, this one ``rank`` (``local_rank`` on its
+    node)."""
+
+    size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+
+    @property
+    def parallel(self) -> bool:
+        """Whether this is a tensor-parallel run (more than one process)."""
+        return self.size > 1
+
+
+def launcher_world(environ: Mapping[str, str] | None = None) -> World:
+    """The world torchrun describes in ``environ`` (``os.environ``): WORLD_SIZE, RANK, LOCAL_RANK; a
+    world of one where they are not set."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for key, default in (("WORLD_SIZE", 1), ("RANK", 0), ("LOCAL_RANK", 0)):
+        raw = environ.get(key, "")
+        try:
+            values[key] = int(raw) if raw.strip() else default
+        except ValueError:
+            raise SnapevalError(f"{key}={raw!r} is not a whole number (set by torchrun)", FIELD) from None
+    size, rank, local = values["WORLD_SIZE"], values["RANK"], values["LOCAL_RANK"]
+    if size < 1 or not 0 <= rank < size or local < 0:
+        raise SnapevalError(f"WORLD_SIZE={size}, RANK={rank}, LOCAL_RANK={local} is not a world", FIELD)
+    return World(size, rank, local)
+
+
+def is_writer(world: World | None = None) -> bool:
+    """Whether this process writes results, figures and reports: rank 0 (every process of a world of one)."""
+    return (world or launcher_world()).rank == 0
+
+
+def text_config(config: Any) -> Any:
+    """The config of the language model: ``config.text_config`` for a multimodal wrapper, else ``config``."""
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
+
+
+def tp_plan(config: Any) -> dict[str, str]:
+    """The base model's TP plan that ``config``'s class (or the config itself) carries; {} if none."""
+    text = text_config(config)
+    return dict(
+        getattr(text, "base_model_tp_plan", None) or getattr(type(text), "base_model_tp_plan", None) or {}
+    )
+
+
+def check_tensor_parallel(config: Any, size: int) -> None:
+    """Refuse, in one line, a model ``size`` ranks cannot split (see the module docstring). No torch:
+    run it on the config, before any weight loads."""
+    if size <= 1:
+        return
+    text = text_config(config)
+    family = getattr(text, "model_type", None) or type(text).__name__
+    if getattr(text, "kv_lora_rank", None):
+        raise SnapevalError(
+            f"{family}: MLA caches one latent head shared by all query heads, which tensor parallel cannot "
+            f"split across {size} ranks (run it on one device)",
+            FIELD,
+        )
+    if not tp_plan(config):
+        raise SnapevalError(
+            f"{family}: transformers has no tensor-parallel plan for this family, so it cannot run on {size} "
+            "ranks (run it on one device)",
+            FIELD,
+        )
+    heads = getattr(text, "num_attention_heads", None)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    for name, count in (("query", heads), ("KV", kv_heads)):
+        if isinstance(count, int) and count % size:
+            divisors = [n for n in range(2, kv_heads + 1) if kv_heads % n == 0 and heads % n == 0]
+            choices = ", ".join(map(str, divisors)) or "none above 1"
+            raise SnapevalError(
+                f"{family} has {heads} query and {kv_heads} KV heads: {size} ranks cannot split its {count} "
+                f"{name} heads (ranks that can: {choices})",
+                FIELD,
+            )
+
+
+def local_heads(count: int, size: int) -> int:
+    """How many of ``count`` heads one of ``size`` ranks holds (``count`` divisible by ``size``)."""
+    return count // size
+
+
+def tp_load_arguments(world: World) -> dict[str, Any]:
+    """What ``from_pretrained`` takes to load a model split across ``world`` by its family's TP plan:
+    ``distributed_config=DistributedConfig(tp_plan="auto")`` where transformers takes it (5.17 on:
+    ``tp_plan=`` is deprecated there), else ``tp_plan="auto"`` (5.2 to 5.16); nothing for a world of one."""
+    if not world.parallel:
+        return {}
+    try:
+        from transformers.distributed import DistributedConfig
+    except ImportError:
+        return {"tp_plan": "auto"}
+    if "tp_plan" in inspect.signature(DistributedConfig).parameters:
+        return {"distributed_config": DistributedConfig(tp_plan="auto")}
+    return {"tp_plan": "auto"}
+
+
+def init_process_group(world: World, timeout_s: float = TIMEOUT_S) -> Any:
+    """Start the process group of ``world`` (NCCL on CUDA, gloo on CPU) with a collective timeout of
+    ``timeout_s``, unless started already, and return this rank's device (``cuda:LOCAL_RANK`` or cpu)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if cuda and world.local_rank >= torch.cuda.device_count():
+        raise SnapevalError(
+            f"rank {world.rank} is local rank {world.local_rank}, but this node has "
+            f"{torch.cuda.device_count()} CUDA device(s): start at most that many processes per node",
+            FIELD,
+        )
+    device = torch.device(f"cuda:{world.local_rank}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world.parallel and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+    return device

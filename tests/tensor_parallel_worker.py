@@ -1,0 +1,123 @@
+"""What tests/test_tensor_parallel.py runs on every rank (``torchrun ... tests/tensor_parallel_worker.py``)
+and, in a world of one, in the test's own process: every method on the one-by-one generator, the
+continuous batcher (each method alone, and every method in rows of one shared prefill) and R-KV's
+decode-time eviction, on the tiny models saved in the folders it is given. Each rank saves
+``rank<r>.pt``: (family, method, path) -> (tokens, the logits of every forward's last position).
+
+``python tests/tensor_parallel_worker.py OUT FOLDER...`` (under torchrun: ``--nproc-per-node 2``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script by torchrun
+    sys.path.insert(0, str(ROOT))
+
+from snapeval.cache import build_cache, install  # noqa: E402
+from snapeval.decode.continuous import ContinuousBatcher, Request  # noqa: E402
+from snapeval.decode.generation import generate  # noqa: E402
+from snapeval.models.parallel import (  # noqa: E402
+    check_tensor_parallel,
+    init_process_group,
+    launcher_world,
+    tp_load_arguments,
+)
+
+VOCAB = 512
+PROMPT_LENGTH = 160
+NEW_TOKENS = 12
+SETTINGS = {
+    "full": {"method": "full"},
+    "streaming_llm": {"method": "streaming_llm", "budget": 64, "sinks": 4},
+    "streaming_llm_rerotate": {"method": "streaming_llm", "budget": 64, "sinks": 4, "rerotate": True},
+    "snapkv": {"method": "snapkv", "budget": 64, "window": 8, "kernel": 5},
+    "snapstream": {"method": "snapstream", "budget": 80, "window": 8, "kernel": 5, "sinks": 4, "ring": 12},
+    "sage_kv": {"method": "sage_kv", "budget": 64, "sinks": 4, "recent": 12, "window": 2},
+    "speculative_prefill": {"method": "speculative_prefill", "budget": 80, "window": 8, "chunk": 16},
+    "rkv": {"method": "rkv", "budget": 48, "buffer": 4, "window": 4, "kernel": 5, "mix_lambda": 0.9},
+}
+"""Every built-in method but kvpress (an optional extra), each evicting from the 160-token prompt; R-KV
+re-selects every 4 decoded tokens, from scores led by its recorded queries (``mix_lambda`` 0.9), so that
+a rank whose recorded queries are not its own heads' answers otherwise."""
+
+
+def prompt(seed: int = 1) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (PROMPT_LENGTH,), generator=generator).tolist()
+
+
+class LogitTap:
+    """The logits of the last position of every forward of the model (gathered, as the model returns them)."""
+
+    def __init__(self, model):
+        self.outputs: list[torch.Tensor] = []
+        model.register_forward_hook(self._record)
+
+    def _record(self, module, args, output):
+        self.outputs.append(output.logits[:, -1].detach().float().clone())
+
+    def take(self) -> list[torch.Tensor]:
+        outputs, self.outputs = self.outputs, []
+        return outputs
+
+
+def load(folder: str, world):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_tensor_parallel(AutoConfig.from_pretrained(folder), world.size)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **tp_load_arguments(world))
+    model.generation_config.eos_token_id = None  # random weights: always NEW_TOKENS tokens
+    return install(model.eval())
+
+
+def run_family(model, settings: dict[str, dict]) -> dict[tuple[str, str], tuple[list, list]]:
+    """(method, path) -> (tokens, logits of every forward) on every path."""
+    tap, ids, runs = LogitTap(model), prompt(), {}
+    for method, params in settings.items():
+        tokens = generate(model, ids, build_cache(params), NEW_TOKENS, set()).tokens
+        runs[method, "generate"] = (tokens, tap.take())
+        (tokens,) = batch(model, [Request(tuple(ids), params, NEW_TOKENS, tag=method)])
+        runs[method, "batcher"] = (tokens, tap.take())
+    requests = [Request(tuple(ids), params, NEW_TOKENS, tag=m) for m, params in settings.items()]
+    runs["every method", "batcher rows, shared prefill"] = (batch(model, requests), tap.take())
+    return runs
+
+
+def batch(model, requests: list[Request]) -> list[list[int]]:
+    """The tokens of every request, decoded in rows of one continuous batcher."""
+    got = {}
+    ContinuousBatcher(model, len(requests)).run(requests, lambda a: got.__setitem__(a.request.tag, a.tokens))
+    return [got[request.tag] for request in requests]
+
+
+def main(out: str, folders: list[str], settings: dict[str, dict] = SETTINGS) -> dict:
+    world = launcher_world()
+    init_process_group(world)
+    torch.manual_seed(0)
+    results = {}
+    for folder in folders:
+        family = Path(folder).name
+        model = load(folder, world)
+        for key, run in run_family(model, settings).items():
+            results[(family, *key)] = run
+    Path(out).mkdir(parents=True, exist_ok=True)
+    torch.save(results, Path(out) / f"rank{world.rank}.pt")
+    return results
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    try:
+        main(sys.argv[1], sys.argv[2:])
+    except Exception as error:
+        from snapeval.errors import SnapevalError
+
+        if not isinstance(error, SnapevalError):
+            raise
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
