@@ -107,12 +107,13 @@ def layer_bytes(tensors: list[torch.Tensor]) -> int:
 def test_bytes_per_token_equal_a_slot_of_the_engine(family, tmp_path):
     model, kv_dtype = family_model(family, tmp_path)
     slots = SlotCache.for_model(model, rows=1, capacity=CAPACITY)
-    assert slots.slot_bytes() == kv_bytes_per_token(load_geometry(str(tmp_path)), kv_dtype)
+    slot = layer_bytes([tensor[0, :, :1] for tensor in [*slots.keys, *slots.values]])  # in every layer
+    assert slot == slots.shapes.kv_bytes(1) == kv_bytes_per_token(load_geometry(str(tmp_path)), kv_dtype)
 
 
 def test_the_mla_slot_is_r1s_70272_bytes_over_61_layers(tmp_path):
     model, _ = family_model("deepseek_v3", tmp_path)
-    per_layer = SlotCache.for_model(model, rows=1, capacity=CAPACITY).slot_bytes() // 2
+    per_layer = SlotCache.for_model(model, rows=1, capacity=CAPACITY).shapes.kv_bytes(1) // 2
     assert per_layer == (512 + 64) * 2
     assert 61 * per_layer == kv_bytes_per_token(load_geometry("deepseek-r1"), "bf16") == 70_272
 

@@ -221,7 +221,7 @@ def test_a_slot_holds_one_latent_and_one_rotary_key_per_layer(model, prompt):
     slots = SlotCache.for_model(model, rows=2, capacity=16)
     assert [tuple(keys.shape) for keys in slots.keys] == [(2, 1, 16, 32)] * 3
     assert [tuple(values.shape) for values in slots.values] == [(2, 1, 16, 8)] * 3
-    assert slots.slot_bytes() == per_slot == 480
+    assert slots.shapes.kv_bytes(1) == per_slot == 480
     cache = build_cache({"method": "snapstream", "budget": 64, "window": 8, "sinks": 4, "ring": 8})
     with torch.no_grad():
         prefill_logits(model, prompt, cache)
@@ -248,7 +248,7 @@ def test_the_r1_geometry_takes_70272_bytes_per_slot_in_bf16():
         hidden_size=32,
     )
     model = install(DeepseekV3ForCausalLM(config).to(torch.bfloat16).eval())
-    assert SlotCache.for_model(model, rows=1, capacity=4).slot_bytes() == 61 * (512 + 64) * 2 == 70_272
+    assert SlotCache.for_model(model, rows=1, capacity=4).shapes.kv_bytes(1) == 61 * (512 + 64) * 2 == 70_272
 
 
 def fake_kvpress(monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""The bytes of a decode row have one home (:func:`snapeval.memory.kv.held_bytes`): the batcher's memory
+"""The bytes of a decode row have one home (:mod:`snapeval.configs.footprint`): the batcher's memory
 check, the slot cache it then allocates and the memory estimator count the same row, sliding windows
 included, to the byte.
 
@@ -73,8 +73,7 @@ def test_the_check_the_slot_cache_and_the_estimator_count_one_row_alike(family, 
     ]
     assert allocated(slots) == (KV_BYTES[family], ROW_BYTES[family])
     assert batch_rows.row_bytes(SLOTS, cached_shapes(model)) == ROW_BYTES[family]
-    assert batch_rows.kv_row_bytes(SLOTS, cached_shapes(model)) == KV_BYTES[family]
-    assert slots.row_bytes(SLOTS) == KV_BYTES[family]
+    assert cached_shapes(model).kv_bytes(SLOTS) == slots.shapes.kv_bytes(SLOTS) == KV_BYTES[family]
     model.config.save_pretrained(tmp_path)
     estimated = estimate(load_geometry(str(tmp_path)), "h100", context=SLOTS, kv_dtype="fp32")
     assert estimated.kv_bytes_per_sequence_full == KV_BYTES[family]

@@ -16,7 +16,6 @@ import torch
 from snapeval.cache import build_cache, install
 from snapeval.cache.grid import CacheGrid
 from snapeval.cache.slots import SlotCache, cached_shapes
-from snapeval.decode import batch_rows
 from snapeval.decode.continuous import ContinuousBatcher, Request
 from snapeval.decode.generation import generate
 from snapeval.memory import kv_bytes_per_sequence, load_geometry
@@ -107,7 +106,7 @@ def test_the_batchers_rows_and_a_grids_members_hold_the_window(model, method, tm
     assert answers[0].kv_bytes == sum(n * b for n, b in zip(stored, per_layer, strict=True))
     model.config.save_pretrained(tmp_path)  # the memory estimator counts the same bytes
     assert answers[0].kv_bytes == kv_bytes_per_sequence(load_geometry(str(tmp_path)), tokens, "fp32")
-    assert batch_rows.kv_row_bytes(tokens, cached_shapes(model)) == answers[0].kv_bytes  # and the check
+    assert cached_shapes(model).kv_bytes(tokens) == answers[0].kv_bytes  # and the check
     members = [build_cache(params), build_cache({"method": "full"})]
     with torch.inference_mode():
         model(input_ids=torch.tensor([ids()]), past_key_values=CacheGrid(members))

@@ -30,10 +30,10 @@ from snapeval.cache.ring import (
     EMPTY,
     ring_slots,
     visible_slots,
-    window_capacity,
     window_ring,
     write_slots,
 )
+from snapeval.configs.footprint import layer_slots, slot_bytes
 from snapeval.errors import SnapevalError
 
 
@@ -141,7 +141,7 @@ class KVLayer(CacheLayerMixin):
         self.window = window
         self.fixed = selection.capacity is not None
         self.held = selection.capacity or kept[0].shape[2]
-        self.capacity = window_capacity(window, selection.capacity)
+        self.capacity = layer_slots(window, selection.capacity)
         if window is not None:
             columns = kept[2] if selection.ring is None else torch.cat([kept[2], selection.ring], dim=-1)
             ring = window_ring(columns, self.seen, window, self.capacity)
@@ -249,9 +249,11 @@ class KVLayer(CacheLayerMixin):
     get_max_cache_shape = get_max_length  # its name in transformers < 5.3
 
     def kv_bytes(self) -> int:
+        """Bytes of the keys and values held: every batch row's slots (:func:`slot_bytes`)."""
         if self.keys is None:
             return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        batch, heads, slots, key_dim = self.keys.shape
+        return batch * slots * slot_bytes(heads, key_dim, self.values.shape[-1], self.keys.element_size())
 
 
 def _gather(keys, values, positions, columns):

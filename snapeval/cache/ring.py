@@ -9,7 +9,8 @@ tokens take (:func:`ring_slots`), writing them (:func:`write_slots`), which slot
 ring (:func:`window_ring`) and a row takes it (:func:`oldest_first`), and StreamingLLM's re-rotation of
 sink keys (:func:`rerotated_sinks`). Tensor operations only, so the batcher's step compiles.
 
-A layer with a sliding ``window`` holds ``min(window, the method's slots)`` slots, all of them a ring:
+A layer with a sliding ``window`` holds ``min(window, the method's slots)`` slots
+(:func:`snapeval.configs.footprint.layer_slots`), all of them a ring:
 query i sees key j iff i - window < j <= i (transformers' rule), so after a prompt of L columns only the
 columns after L - window can still be seen; those the method kept fill the ring oldest first, and tokens
 leave the ring in the order they leave the window.
@@ -36,14 +37,6 @@ def write_slots(buffers, slots: torch.Tensor, states) -> None:
         if buffer.dim() == 4:
             index = index[..., None].expand(-1, -1, -1, buffer.shape[-1])
         buffer.scatter_(2, index, state)
-
-
-def window_capacity(window: int | None, slots: int | None) -> int | None:
-    """Slots a layer holds: ``slots`` (None: it grows), or on a layer with a sliding ``window``
-    ``min(window, slots)`` (a layer that would grow holds its window)."""
-    if window is None:
-        return slots
-    return window if slots is None else min(window, slots)
 
 
 def window_ring(kept: torch.Tensor, seen: int, window: int, capacity: int) -> torch.Tensor:

@@ -39,11 +39,11 @@ from snapeval.cache.ring import (
     oldest_first,
     rerotated_sinks,
     visible_slots,
-    window_capacity,
     write_slots,
 )
 from snapeval.cache.rope import KeyRotation
 from snapeval.cache.row_eviction import StepRecorder
+from snapeval.configs.footprint import layer_slots, row_slots, slot_bytes
 from snapeval.couplings import engine_bypassed
 from snapeval.errors import SnapevalError
 
@@ -77,8 +77,9 @@ class SlotCache:
         self.rows, self.capacity, self.num_layers = rows, capacity, layers
         self.windows = windows or [None] * layers
         self.rings = {
-            window: RowRings(rows, window_capacity(window, capacity), device) for window in self.windows
+            window: RowRings(rows, layer_slots(window, capacity), device) for window in self.windows
         }
+        self.shapes = CachedShapes(layers, kv_heads, key_dim, value_dim, dtype, tuple(self.windows))
         shapes = [(rows, kv_heads, self.rings[window].capacity) for window in self.windows]
         self.keys = [torch.zeros(*shape, key_dim, dtype=dtype, device=device) for shape in shapes]
         self.values = [torch.zeros(*shape, value_dim, dtype=dtype, device=device) for shape in shapes]
@@ -170,7 +171,7 @@ class SlotCache:
                 cursor = (layer.ring_start, layer.ring_next) if layer.fixed else (layer.held, 0)
                 held, order = layer.keys.shape[2], slice(None)
             else:
-                cursor, held = (0, 0), window_capacity(window, slots)
+                cursor, held = (0, 0), layer_slots(window, slots)
                 order = oldest_first(layer.ring_next, layer.capacity, layer.keys.device)[-held:]
             valid = layer.positions[0, :, order] >= 0
             group = loaded.setdefault(window, (cursor, valid[0]))
@@ -184,7 +185,7 @@ class SlotCache:
             self.positions[index][row] = EMPTY
             self.positions[index][row, :, :held] = layer.positions[0, :, order]
         for window, ((start, next_), valid) in loaded.items():
-            rings, size = self.rings[window], window_capacity(window, slots)
+            rings, size = self.rings[window], layer_slots(window, slots)
             rings.valid[row] = False
             rings.valid[row, : valid.shape[0]] = valid
             rings.start[row], rings.size[row], rings.next[row] = start, size - start, next_
@@ -307,19 +308,6 @@ class SlotCache:
         held = ((positions >= start) & (positions < end)).sum().item()
         return held / (positions.shape[0] * positions.shape[1] * (end - start))
 
-    def row_bytes(self, held: int) -> int:
-        """Bytes of keys and values a row holding ``held`` slots (on a full layer; a windowed layer
-        ``min(window, held)``) takes in the buffers allocated."""
-        counts = [window_capacity(window, held) for window in self.windows]
-        return sum(
-            keys[0, :, :count].nbytes + values[0, :, :count].nbytes
-            for count, keys, values in zip(counts, self.keys, self.values, strict=True)
-        )
-
-    def slot_bytes(self) -> int:
-        """Bytes of keys and values one slot takes in every layer and KV head."""
-        return self.row_bytes(1)
-
 
 class CachedShapes(NamedTuple):
     """What a model caches per token (:func:`cached_shapes`): in each of ``layers`` layers ``kv_heads`` heads
@@ -331,6 +319,12 @@ class CachedShapes(NamedTuple):
     value_dim: int
     dtype: torch.dtype
     windows: tuple[int | None, ...]
+
+    def kv_bytes(self, slots: int) -> int:
+        """Bytes of keys and values a row of ``slots`` holds (a windowed layer ``min(window, slots)``):
+        what the batcher's check counts and a result stores (:mod:`snapeval.configs.footprint`)."""
+        per_slot = slot_bytes(self.kv_heads, self.key_dim, self.value_dim, self.dtype.itemsize)
+        return row_slots(slots, self.windows) * per_slot
 
 
 @torch.no_grad()

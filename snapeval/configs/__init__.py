@@ -8,4 +8,6 @@
 - :mod:`~snapeval.configs.store` registers them for ``conf/``; :mod:`~snapeval.configs.compose` composes
   ``conf/`` from Python; :mod:`~snapeval.configs.check` checks a composed config;
   :mod:`~snapeval.configs.legacy` maps old key spellings to today's.
+- :mod:`~snapeval.configs.footprint`: what a row holds (slots per layer, bytes per slot), the one count
+  the engine, the batcher's memory check and the memory estimator share.
 """

@@ -3,9 +3,10 @@ of requests) and refused in one line when the rows would not fit in the memory f
 
 A row holds ``capacity`` slots in every full layer and KV head and ``min(window, capacity)`` in a layer
 with a sliding window: keys, values and their positions (:class:`snapeval.cache.slots.SlotCache`), so its
-bytes are the memory estimator's bytes per sequence at ``capacity`` tokens (:func:`kv_row_bytes`) plus an
-8-byte position per slot and a valid flag per ring slot (:func:`row_bytes`), all counted by
-:func:`snapeval.memory.kv.held_bytes`.
+bytes are its keys and values (:meth:`snapeval.cache.slots.CachedShapes.kv_bytes`, what a result
+stores, and the memory estimator's bytes per sequence) plus an 8-byte position per slot and KV head and a
+valid flag per ring slot (:func:`row_bytes`), its slots all counted by
+:func:`snapeval.configs.footprint.row_slots`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 import torch
 
 from snapeval.cache.slots import CachedShapes
+from snapeval.configs.footprint import row_slots
 from snapeval.errors import SnapevalError
-from snapeval.memory.kv import held_bytes
 
 FIELD = "run.batch_size"
 POSITION_BYTES = 8  # an int64 position per slot, layer and KV head
@@ -34,18 +35,11 @@ def usable_rows(batch_size: int, requests: int) -> int:
 def row_bytes(capacity: int, shapes: CachedShapes) -> int:
     """Bytes of one row of ``capacity`` slots (on a full layer; a layer with a sliding window holds
     ``min(window, capacity)``) for a model caching ``shapes`` (:func:`snapeval.cache.slots.cached_shapes`):
-    its keys and values (:func:`kv_row_bytes`), an int64 position per slot and KV head, and a valid flag
-    per slot of each distinct window's ring."""
-    positions = held_bytes(capacity, shapes.windows, shapes.kv_heads, POSITION_BYTES)
-    flags = held_bytes(capacity, set(shapes.windows), 1, FLAG_BYTES)
-    return kv_row_bytes(capacity, shapes) + positions + flags
-
-
-def kv_row_bytes(capacity: int, shapes: CachedShapes) -> int:
-    """Bytes of keys and values a row of ``capacity`` slots holds: the memory estimator's bytes per
-    sequence of ``capacity`` tokens (:func:`snapeval.memory.kv.kv_bytes_per_sequence`)."""
-    width = shapes.kv_heads * (shapes.key_dim + shapes.value_dim)
-    return held_bytes(capacity, shapes.windows, width, shapes.dtype.itemsize)
+    its keys and values (:meth:`~snapeval.cache.slots.CachedShapes.kv_bytes`), an int64 position per slot
+    and KV head, and a valid flag per slot of each distinct window's ring."""
+    positions = row_slots(capacity, shapes.windows) * shapes.kv_heads * POSITION_BYTES
+    flags = row_slots(capacity, set(shapes.windows)) * FLAG_BYTES
+    return shapes.kv_bytes(capacity) + positions + flags
 
 
 def free_bytes(device: torch.device) -> int | None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
+from snapeval.configs.footprint import row_slots, slot_bytes
 from snapeval.errors import SnapevalError
 from snapeval.memory.geometry import ModelGeometry
 from snapeval.memory.units import dtype_bytes
@@ -22,20 +21,18 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     return ceil_div(num_kv_heads, tp)
 
 
-def kv_width(geometry: ModelGeometry, tp: int = 1, mla_latent_sharded: bool = False) -> int:
-    """Elements cached per token and layer on one rank: K and V, or the MLA latent and its RoPE key."""
+def slot_shape(
+    geometry: ModelGeometry, tp: int = 1, mla_latent_sharded: bool = False
+) -> tuple[int, int, int]:
+    """(KV heads, key width, value width) of one slot on one of ``tp`` ranks, as the engine caches them
+    (:func:`snapeval.configs.footprint.slot_bytes`): the rank's KV heads (:func:`kv_heads_per_rank`) of
+    ``head_dim`` keys and values; MLA one head of the ``kv_lora_rank`` latent and its ``qk_rope_head_dim``
+    rotary key (split together over the ranks when the latent is sharded)."""
     if geometry.is_mla:
-        latent = geometry.kv_lora_rank + geometry.qk_rope_head_dim
-        return ceil_div(latent, tp) if mla_latent_sharded else latent
-    return 2 * kv_heads_per_rank(geometry.num_kv_heads, tp) * geometry.head_dim
-
-
-def kv_bytes_per_token(
-    geometry: ModelGeometry, kv_dtype: str, *, tp: int = 1, mla_latent_sharded: bool = False
-) -> int:
-    """KV bytes one token adds over all layers, on one of ``tp`` ranks (the whole model for tp=1)."""
-    width = kv_width(geometry, tp, mla_latent_sharded)
-    return held_bytes(1, [None] * geometry.num_layers, width, dtype_bytes(kv_dtype, "kv_dtype"))
+        if mla_latent_sharded:
+            return 1, ceil_div(geometry.kv_lora_rank + geometry.qk_rope_head_dim, tp), 0
+        return 1, geometry.kv_lora_rank, geometry.qk_rope_head_dim
+    return kv_heads_per_rank(geometry.num_kv_heads, tp), geometry.head_dim, geometry.head_dim
 
 
 def layer_windows(geometry: ModelGeometry) -> list[int | None]:
@@ -44,30 +41,20 @@ def layer_windows(geometry: ModelGeometry) -> list[int | None]:
     return [None] * (geometry.num_layers - sliding) + [geometry.sliding_window] * sliding
 
 
-def layer_tokens(windows: Iterable[int | None], tokens: int) -> int:
-    """Tokens held summed over layers of sliding ``windows`` (None: a full layer) by a sequence of
-    ``tokens``: a full layer holds them all, a windowed layer ``min(window, tokens)``."""
-    return sum(tokens if window is None else min(window, tokens) for window in windows)
-
-
-def held_bytes(tokens: int, windows: Iterable[int | None], width: int, element_bytes: int) -> int:
-    """Bytes a sequence of ``tokens`` tokens (a decode row of ``tokens`` slots) holds in layers of sliding
-    ``windows`` (:func:`layer_tokens`), ``width`` elements of ``element_bytes`` bytes per token and layer.
-
-    The one home of a row's bytes: the estimator's KV bytes per sequence (:func:`kv_bytes_per_sequence`),
-    and the batcher's memory check of its rows' keys and values, positions and valid flags
-    (:func:`snapeval.decode.batch_rows.row_bytes`), which the slot cache allocates
-    (:class:`snapeval.cache.slots.SlotCache`: ``min(window, capacity)`` slots on a windowed layer).
-    """
-    return layer_tokens(windows, tokens) * width * element_bytes
-
-
 def kv_bytes_per_sequence(
     geometry: ModelGeometry, tokens: int, kv_dtype: str, *, tp: int = 1, mla_latent_sharded: bool = False
 ) -> int:
-    """KV bytes of one sequence caching ``tokens`` tokens, on one of ``tp`` ranks (:func:`held_bytes`)."""
-    width = kv_width(geometry, tp, mla_latent_sharded)
-    return held_bytes(tokens, layer_windows(geometry), width, dtype_bytes(kv_dtype, "kv_dtype"))
+    """KV bytes of one sequence caching ``tokens`` tokens, on one of ``tp`` ranks: the slots it holds
+    over layers, windows included, times the bytes of a slot (:mod:`snapeval.configs.footprint`)."""
+    per_slot = slot_bytes(*slot_shape(geometry, tp, mla_latent_sharded), dtype_bytes(kv_dtype, "kv_dtype"))
+    return row_slots(tokens, layer_windows(geometry)) * per_slot
+
+
+def kv_bytes_per_token(
+    geometry: ModelGeometry, kv_dtype: str, *, tp: int = 1, mla_latent_sharded: bool = False
+) -> int:
+    """KV bytes one token adds over all layers, on one of ``tp`` ranks (the whole model for tp=1)."""
+    return kv_bytes_per_sequence(geometry, 1, kv_dtype, tp=tp, mla_latent_sharded=mla_latent_sharded)
 
 
 def cached_tokens(method: str, context: int, budget: int | None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from snapeval.memory.geometry import ModelGeometry
 from snapeval.memory.hardware import HardwareProfile
-from snapeval.memory.kv import FULL, cached_tokens, kv_heads_per_rank, kv_width
+from snapeval.memory.kv import FULL, cached_tokens, kv_heads_per_rank
 from snapeval.memory.units import format_bytes
 
 UNITS_NOTE = (
@@ -62,7 +62,7 @@ def positions_note(geometry: ModelGeometry, context: int) -> str:
 def kv_layout_note(geometry: ModelGeometry, hardware: HardwareProfile, tp: int) -> str:
     """How the KV cache is laid out over ``tp`` sockets: split, or replicated and by how much."""
     if geometry.is_mla:
-        latent = kv_width(geometry)
+        latent = geometry.kv_lora_rank + geometry.qk_rope_head_dim
         if hardware.mla_latent_sharded:
             return f"MLA latent ({latent} wide) sharded over the {tp} sockets (mla_latent_sharded: true)"
         return (

@@ -127,7 +127,7 @@ def answer_of(slots: RowClasses, row_index: int, row: Row, stopped: str) -> Answ
         stopped,
         row.prefill_s,
         row.decode_s,
-        kv_bytes=slots.row_bytes(held),
+        kv_bytes=slots.shapes.kv_bytes(held),
         ring_wraps=int(slots.ring_wraps[index]),
         kept_histogram=histogram,
         kept_share=share,
