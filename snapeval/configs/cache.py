@@ -109,7 +109,8 @@ class Method(Checked):
 @dataclass
 class Observation:
     """SnapKV's scores: the attention of the last ``window`` prompt queries, pooled with ``kernel`` and
-    ``pooling`` (fields a method takes after its ``budget`` and ``ratio``)."""
+    ``pooling``. A method lists it before :class:`Method` among its bases (``SnapKV(Observation, Method)``),
+    so that these fields follow ``budget`` and ``ratio``, before the method's own."""
 
     window: int = setting(32, check=slots())
     kernel: int = setting(7, check=odd)
