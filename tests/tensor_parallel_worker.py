@@ -21,8 +21,10 @@ if str(ROOT) not in sys.path:  # run as a script by torchrun
 from snapeval.cache import build_cache, install  # noqa: E402
 from snapeval.decode.continuous import ContinuousBatcher, Request  # noqa: E402
 from snapeval.decode.generation import generate  # noqa: E402
+from snapeval.errors import SnapevalError  # noqa: E402
 from snapeval.models.parallel import (  # noqa: E402
     check_tensor_parallel,
+    end_together,
     init_process_group,
     launcher_world,
     tp_load_arguments,
@@ -114,10 +116,5 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     try:
         main(sys.argv[1], sys.argv[2:])
-    except Exception as error:
-        from snapeval.errors import SnapevalError
-
-        if not isinstance(error, SnapevalError):
-            raise
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+    except SnapevalError as error:
+        end_together(error)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from snapeval.errors import SnapevalError
 
@@ -74,11 +75,8 @@ def text_config(config: Any) -> Any:
 
 
 def tp_plan(config: Any) -> dict[str, str]:
-    """The base model's TP plan that ``config``'s class (or the config itself) carries; {} if none."""
-    text = text_config(config)
-    return dict(
-        getattr(text, "base_model_tp_plan", None) or getattr(type(text), "base_model_tp_plan", None) or {}
-    )
+    """The base model's TP plan that ``config`` carries (its class's, unless set on it); {} if none."""
+    return dict(getattr(text_config(config), "base_model_tp_plan", None) or {})
 
 
 def check_tensor_parallel(config: Any, size: int) -> None:
@@ -154,3 +152,17 @@ def init_process_group(world: World, timeout_s: float = TIMEOUT_S) -> Any:
     if world.parallel and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
     return device
+
+
+def end_together(error: SnapevalError) -> NoReturn:
+    """End this rank on ``error``, a refusal every rank reaches alike (one taken from the config): its one
+    line on stderr, then a barrier, so that no rank ends (and has the launcher stop the others) before
+    every rank has printed its line; exit code 2."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    raise SystemExit(2)

@@ -1,0 +1,152 @@
+"""Tensor parallel under torchrun (issue 47): tiny random models of the families whose transformers classes
+carry a TP plan, saved to folders and loaded with ``from_pretrained``'s TP plan on 2 gloo ranks
+(``torchrun --standalone --nproc-per-node 2 tests/tensor_parallel_worker.py``), against the same folders
+loaded on one process.
+
+* Every method (kvpress aside: an optional extra) answers under TP=2 token for token as under TP=1, with
+  logits within 1e-5 of the largest, on both ranks: the one-by-one generator, the continuous batcher with
+  each method alone, every method in rows of one shared prefill, and R-KV re-selecting while decoding.
+  Each method evicts (its logits move off the full cache's), so the equality is not that of full caches.
+* A head count the world does not divide is refused in one line on every rank, exit 2, before weights load;
+  so are MLA and a family without a TP plan (from the config alone).
+* The launcher's world is read from torchrun's variables.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from snapeval.errors import SnapevalError
+from snapeval.models.parallel import (
+    World,
+    check_tensor_parallel,
+    is_writer,
+    launcher_world,
+    tp_load_arguments,
+)
+from tests import tensor_parallel_worker as worker
+from tests.families import FAMILIES
+
+TP_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+WORKER = Path(worker.__file__)
+TOLERANCE = 1e-5  # of the largest logit
+TIMEOUT_S = 240
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
+
+def torchrun(ranks: int, out: Path, *folders: Path) -> subprocess.CompletedProcess:
+    """The worker on ``ranks`` gloo processes; each rank's stderr in ``out/logs/.../<rank>/stderr.log``."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    command += [f"--log-dir={out / 'logs'}", "--redirects=2", str(WORKER), str(out), *map(str, folders)]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=environment)
+
+
+def rank_errors(out: Path) -> dict[str, list[str]]:
+    """Rank -> the lines it wrote to stderr."""
+    logs = sorted((out / "logs").rglob("stderr.log"))
+    return {log.parent.name: log.read_text().splitlines() for log in logs}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(TP=1 results, [TP=2 rank 0's, rank 1's]): (family, method, path) -> (tokens, logits per forward)."""
+    root = tmp_path_factory.mktemp("tensor_parallel")
+    folders = []
+    for name in TP_FAMILIES:
+        FAMILIES[name](worker.VOCAB).save_pretrained(root / name)
+        folders.append(root / name)
+    split = torchrun(2, root / "tp2", *folders)
+    assert split.returncode == 0, split.stderr[-3000:]
+    single = worker.main(str(root / "tp1"), [str(folder) for folder in folders])
+    ranks = [torch.load(root / "tp2" / f"rank{rank}.pt") for rank in range(2)]
+    return single, ranks
+
+
+@pytest.mark.parametrize("family", TP_FAMILIES)
+def test_every_method_under_tp2_answers_as_under_tp1_on_every_rank(runs, family):
+    single, ranks = runs
+    keys = [key for key in single if key[0] == family]
+    assert len(keys) == 2 * len(worker.SETTINGS) + 1
+    for rank, split in enumerate(ranks):
+        for key in keys:
+            (tokens, logits), (got_tokens, got_logits) = single[key], split[key]
+            assert got_tokens == tokens, f"rank {rank}: {key} generated other tokens"
+            assert [x.shape for x in got_logits] == [x.shape for x in logits], f"rank {rank}: {key}"
+            largest = max(x.abs().max().item() for x in logits)
+            error = max((x - y).abs().max().item() for x, y in zip(got_logits, logits, strict=True))
+            assert error <= TOLERANCE * largest, f"rank {rank}: {key}: logits differ by {error:.2e}"
+
+
+@pytest.mark.parametrize("family", TP_FAMILIES)
+def test_every_method_evicts_so_that_the_equality_is_not_that_of_full_caches(runs, family):
+    single, _ = runs
+    full = single[family, "full", "generate"][1][-worker.NEW_TOKENS :]
+    for method in worker.SETTINGS:
+        if method == "full":
+            continue
+        logits = single[family, method, "generate"][1][-worker.NEW_TOKENS :]
+        change = max((x - y).abs().max().item() for x, y in zip(logits, full, strict=True))
+        assert change > 1e-3, f"{family}: {method} evicted nothing?"
+
+
+def test_a_head_count_the_world_does_not_divide_is_refused_in_one_line_on_every_rank(tmp_path):
+    config = transformers.LlamaConfig(
+        vocab_size=worker.VOCAB,
+        hidden_size=96,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,  # as SmolLM2-135M: 9 query and 3 KV heads
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    refused = torchrun(2, tmp_path / "out", tmp_path / "llama")
+    assert refused.returncode != 0
+    errors = rank_errors(tmp_path / "out")
+    assert sorted(errors) == ["0", "1"], refused.stderr[-3000:]
+    expected = (
+        "error: model.tp: llama has 6 query and 3 KV heads: 2 ranks cannot split its 3 KV heads "
+        "(ranks that can: 3)"
+    )
+    assert all(lines == [expected] for lines in errors.values()), errors
+    assert "exitcode  : 2" in refused.stderr
+    assert not (tmp_path / "out" / "rank0.pt").exists()
+
+
+def test_refusals_read_from_the_config_alone():
+    smollm2 = transformers.LlamaConfig(num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    check_tensor_parallel(smollm2, 1)
+    check_tensor_parallel(smollm2, 3)
+    with pytest.raises(SnapevalError, match=r"^model\.tp: llama has 9 query and 3 KV heads: 2 ranks cannot"):
+        check_tensor_parallel(smollm2, 2)
+    with pytest.raises(SnapevalError, match="cannot split its 32 query heads"):
+        check_tensor_parallel(transformers.LlamaConfig(num_attention_heads=32, num_key_value_heads=4), 3)
+    mla = transformers.DeepseekV3Config()
+    with pytest.raises(SnapevalError, match=r"^model\.tp: deepseek_v3: MLA caches one latent head"):
+        check_tensor_parallel(mla, 2)
+    falcon = transformers.FalconConfig()
+    with pytest.raises(SnapevalError, match=r"^model\.tp: falcon: transformers has no tensor-parallel plan"):
+        check_tensor_parallel(falcon, 2)
+    check_tensor_parallel(transformers.Gemma3Config(), 2)  # a multimodal wrapper: its text model's plan
+
+
+def test_the_world_is_torchruns():
+    assert launcher_world({}) == World(1, 0, 0)
+    world = launcher_world({"WORLD_SIZE": "3", "RANK": "2", "LOCAL_RANK": "0"})
+    assert world == World(3, 2, 0) and world.parallel and not is_writer(world)
+    assert is_writer(launcher_world({"WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0"}))
+    for bad in ({"WORLD_SIZE": "two"}, {"WORLD_SIZE": "2", "RANK": "2"}, {"WORLD_SIZE": "0"}):
+        with pytest.raises(SnapevalError, match=r"^model\.tp: "):
+            launcher_world(bad)
+    assert tp_load_arguments(World()) == {}
+    arguments = tp_load_arguments(World(2, 0, 0))
+    plan = arguments.get("tp_plan") or arguments["distributed_config"].tp_plan
+    assert plan == "auto"
