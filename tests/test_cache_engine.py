@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from snapeval.cache import FullCache, SnapKVCache, SnapStreamCache, StreamingLLMCache, build_cache
-from snapeval.configs.methods import check_cache
+from snapeval.configs.setting import check_cache
 from snapeval.errors import SnapevalError
 from snapeval.models import encode_chat
 

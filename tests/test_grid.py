@@ -190,7 +190,7 @@ def test_every_grid_point_is_stored_as_that_point_run_alone(composed, tmp_path, 
         real_run(
             self,
             requests,
-            lambda a: held.append(a) if a.request.cache["method"] == "full" else on_answer(a),
+            lambda a: held.append(a) if a.request.cache.is_full else on_answer(a),
             more,
         )
         for answer in held:

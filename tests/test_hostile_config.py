@@ -24,7 +24,7 @@ from snapeval.commands.gate import main as gate_main
 from snapeval.configs import grid as grid_module
 from snapeval.configs.compose import compose_config
 from snapeval.configs.grid import grid_points, point_count
-from snapeval.configs.methods import effective_params
+from snapeval.configs.setting import effective_params
 from snapeval.configs.task import ruler_kind
 from snapeval.results import identity
 from snapeval.run.plan import check_inputs

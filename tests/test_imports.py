@@ -105,6 +105,7 @@ ENGINE_DEPENDENCIES = {
     "snapeval.errors": "the one error type",
     "snapeval.configs.cache": "each method's declaration: torch-free dataclasses, defaults and checks",
     "snapeval.configs.methods": "the methods by name, and what results store of their parameters",
+    "snapeval.configs.setting": "one cache setting, checked and resolved once: what the engine is built from",
     "snapeval.configs.footprint": "what a row holds: slots per layer and bytes per slot, torch-free",
     "snapeval.couplings": "the transformers conventions it relies on, the tested versions, the bypass error",
 }

@@ -196,7 +196,7 @@ def test_batched_rows_decode_as_one_by_one_and_a_grid_shares_the_prefill(tiny_ll
     got = answers_equal_alone(tiny_llama, requests)
     for request in requests:
         answer = got[request.tag]
-        if request.cache["method"] == "full":
+        if request.cache.is_full:
             assert answer.evictions == ()
         else:  # held at a due step: min(prompt, budget) + 8 * k > budget whenever the prompt is over 4
             assert answer.evictions == (8, 16, 24)

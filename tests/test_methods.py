@@ -20,13 +20,8 @@ import pytest
 from snapeval.cache import build_cache, method_class, method_classes
 from snapeval.configs.compose import compose_config
 from snapeval.configs.grid import grid_points
-from snapeval.configs.methods import (
-    METHODS,
-    effective_params,
-    method_label,
-    method_table,
-    register_caches,
-)
+from snapeval.configs.methods import METHODS, method_label, method_table, register_caches
+from snapeval.configs.setting import effective_params
 from snapeval.errors import SnapevalError
 from snapeval.figures import method_color, method_style
 from snapeval.memory import estimate
@@ -184,7 +179,7 @@ def test_a_bad_parameter_is_refused_without_importing_torch(torch_refused):
     """The parameters, their checks, the stored form and the grid's points need no torch."""
     code = """
 import sys
-from snapeval.configs.methods import check_cache, effective_params
+from snapeval.configs.setting import check_cache, effective_params
 from snapeval.errors import SnapevalError
 from snapeval.configs.grid import grid_points
 print(effective_params({"method": "snapstream", "budget": 256, "window": 16}))

@@ -21,11 +21,12 @@ from snapeval.cache.snapkv import SnapKVCache
 from snapeval.cache.snapstream import SnapStreamCache
 from snapeval.cache.speculative_prefill import SpeculativePrefillCache
 from snapeval.cache.streaming_llm import StreamingLLMCache
-from snapeval.configs.methods import effective_params
+from snapeval.configs.setting import CacheSetting, effective_params
 from snapeval.errors import SnapevalError
 
 __all__ = [
     "CacheGrid",
+    "CacheSetting",
     "FullCache",
     "SageKVCache",
     "SnapKVCache",
@@ -41,24 +42,27 @@ __all__ = [
 ]
 
 
-def build_cache(params: Mapping[str, Any], strict: bool = True) -> SnapevalCache:
-    """A new cache from ``{"method": name, **parameters}``; ``name`` may be ``package.module:ClassName``.
-
-    Unknown method names are errors. Unknown parameters are errors when ``strict``; otherwise they are
+def build_cache(setting: CacheSetting | Mapping[str, Any], strict: bool = True) -> SnapevalCache:
+    """A new cache of ``setting``: a :class:`~snapeval.configs.setting.CacheSetting` (the plan's), or a
+    node ``{"method": name, **parameters}`` (``name`` may be ``package.module:ClassName``). Unknown
+    method names are errors. A node's unknown parameters are errors when ``strict``; otherwise they are
     dropped, so that one sweep can give ``budget`` to every method, the full cache included.
     """
-    params = dict(params)
-    method = params.pop("method", None)
-    cls = method_class(method)
-    accepted = cls.parameter_names()
-    unknown = sorted(set(params) - set(accepted))
-    if not strict:
-        params = {k: v for k, v in params.items() if k in accepted}
-    elif unknown:
+    if not isinstance(setting, CacheSetting):
+        setting = CacheSetting.of(_accepted(setting, strict))
+    cache = method_class(setting.method)(**dict(setting.params))
+    cache.method = setting.method  # an outside method is stored under the path that loads it again
+    return cache
+
+
+def _accepted(node: Mapping[str, Any], strict: bool) -> dict[str, Any]:
+    """``node`` less the parameters its method does not take (refused in one line when ``strict``)."""
+    method = node.get("method")
+    accepted = method_class(method).parameter_names()
+    unknown = sorted(set(node) - {"method", *accepted})
+    if strict and unknown:
         raise SnapevalError(
             f"{method} takes no parameter {', '.join(unknown)}; it takes {', '.join(accepted) or 'none'}",
             f"cache.{unknown[0]}",
         )
-    cache = cls(**params)
-    cache.method = method  # an outside method is stored under the path that loads it again
-    return cache
+    return {key: value for key, value in node.items() if key == "method" or key in accepted}

@@ -24,10 +24,11 @@ from omegaconf.errors import OmegaConfBaseException
 from snapeval.configs.compose import field_error
 from snapeval.configs.fields import count_error
 from snapeval.configs.grid import MAX_GRID_POINTS, check_grid, longest_list, too_many_points
-from snapeval.configs.methods import METHODS, check_cache
+from snapeval.configs.methods import METHODS
 from snapeval.configs.model import ModelConfig
 from snapeval.configs.protocols import check_task
 from snapeval.configs.root import Config
+from snapeval.configs.setting import check_cache
 from snapeval.configs.task import task_schema
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR

@@ -22,7 +22,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from snapeval.configs.methods import METHODS, effective_params, missing_extra, parameter_names
+from snapeval.configs.methods import METHODS, missing_extra, parameter_names
+from snapeval.configs.setting import effective_params
 from snapeval.errors import SnapevalError
 
 GRID_KEYS = ("cache", "params", "share_prefill")

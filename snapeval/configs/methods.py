@@ -1,9 +1,8 @@
 """The built-in methods by name, and what configs, results and figures make of their declarations.
 
 :data:`METHODS` maps each name to its declaration (a dataclass of :mod:`snapeval.configs.cache` with a
-``label``), found there, not listed; :func:`effective_params` is what results store of a cache config,
-:func:`check_cache` refuses a bad one in one line, :func:`register_caches` makes every method an option
-of Hydra's ``cache`` group, :func:`method_label` names it in figures and :func:`method_table` is the
+``label``), found there, not listed; :func:`register_caches` makes every method an option of Hydra's
+``cache`` group, :func:`method_label` names it in figures and :func:`method_table` is the
 table of ``docs/methods.md``. No torch.
 """
 
@@ -95,16 +94,6 @@ def _as_typed(value: Any, hint: Any) -> Any:
     return float(value) if numbers and isinstance(value, int) and not isinstance(value, bool) else value
 
 
-def effective_params(cache: Mapping[str, Any]) -> dict[str, Any]:
-    """What a cache config stands for, as results store it: its method and the parameters that method
-    takes, defaults filled in, the rest dropped (two configs that make the same cache give the same)."""
-    method = cache.get("method")
-    params = params_class(method)
-    if params is None:
-        return {"method": method}
-    return {"method": method, **stored_params(params, method_params(params, cache))}
-
-
 def stored_params(params: type | None, values: Any) -> dict[str, Any]:
     """The parameters of ``params`` as results store them, read off ``values`` (the dataclass, or an
     engine built from it): an option left unset (a ``when_set`` field at null or false) is left out, so
@@ -114,26 +103,6 @@ def stored_params(params: type | None, values: Any) -> dict[str, Any]:
     unset = {f.name for f in fields(params) if f.metadata.get("when_set")}
     stored = {name: getattr(values, name) for name in parameter_names(params)}
     return {name: value for name, value in stored.items() if name not in unset or value not in (None, False)}
-
-
-def check_cache(cache: Mapping[str, Any], grid: bool = False) -> None:
-    """Refuse a composed ``cache`` node with a key its method does not have (in a ``grid``: that no method
-    has, the points sharing the grid's parameters) or a bad value (outside a grid, for a built-in
-    method; one outside the package is checked when its module loads)."""
-    method = cache.get("method")
-    if grid:
-        known = sorted({f.name for params in METHODS.values() for f in fields(params)})
-        owner = "the caches take"
-    elif isinstance(method, str) and ":" in method:
-        return check_outside(method)
-    else:
-        known = [f.name for f in fields(params_class(method))]
-        owner = f"{method} takes"
-    for key in cache:
-        if key not in known:
-            raise SnapevalError(f"unknown key; {owner} {', '.join(sorted(known))}", f"cache.{key}")
-    if not grid:
-        method_params(params_class(method), cache)
 
 
 def check_outside(path: str) -> None:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from snapeval.configs.methods import METHODS, effective_params
+from snapeval.configs.methods import METHODS
+from snapeval.configs.setting import effective_params
 from snapeval.errors import SnapevalError
 from snapeval.results import UNHASHED, ResultsDB, config_hash, flatten
 

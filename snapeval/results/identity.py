@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from snapeval.configs import legacy
-from snapeval.configs.methods import effective_params
 from snapeval.configs.protocols import changed_settings, lookup
 from snapeval.configs.root import declared_fields
+from snapeval.configs.setting import effective_params
 from snapeval.errors import SnapevalError
 
 #: The random number generator of sampled answers (:mod:`snapeval.decode.sampling`), stored with sampled runs.

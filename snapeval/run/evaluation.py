@@ -18,8 +18,9 @@ from typing import Any
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from snapeval.cache import effective_params, install
+from snapeval.cache import install
 from snapeval.configs.grid import shares_prefill
+from snapeval.configs.setting import FULL, CacheSetting
 from snapeval.decode.batch_rows import usable_rows
 from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
 from snapeval.decode.stops import stop_ids
@@ -45,10 +46,15 @@ class Point:
     claimed: set[str] = field(default_factory=set)
     stored: int = 0
 
+    @property
+    def setting(self) -> CacheSetting:
+        """Its cache setting (the plan made it: its stored form finds it)."""
+        return CacheSetting.of(self.config["cache"])
+
 
 def full_cache_digest(config: Mapping[str, Any]) -> str:
     """The config hash of the full-cache run of the same model, task and samples as ``config``."""
-    return config_hash({**config, "cache": effective_params({"method": "full"})})
+    return config_hash({**config, "cache": CacheSetting.of({"method": FULL}).stored})
 
 
 class Evaluation:
@@ -117,9 +123,7 @@ class Evaluation:
         seed = sample_seed(self.cfg["seed"], f"{prompt.id}#answer" if calls else prompt.id)
         draw = sampling(self.cfg["generation"], seed)
         stops = getattr(self.task, "stop", ())  # the task's stop strings
-        return self.builder.request(
-            messages, max_new, point.config["cache"], draw, stops, (point, prompt, calls)
-        )
+        return self.builder.request(messages, max_new, point.setting, draw, stops, (point, prompt, calls))
 
     def on_answer(self, answer: Answer) -> list[Request]:
         """A call ended: queue a two-pass task's answer call, or store the sample."""

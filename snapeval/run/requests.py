@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from snapeval.configs.setting import CacheSetting
 from snapeval.decode.continuous import Request
 from snapeval.decode.sampling import Sampling
 from snapeval.decode.stops import StopCheck, stop_check
@@ -95,13 +96,13 @@ class RequestBuilder:
         self,
         prompt: PromptInput,
         max_new_tokens: int,
-        cache: Mapping[str, Any],
+        cache: CacheSetting,
         sampling: Sampling,
         stops: Sequence[str] = (),
         tag: Any = None,
     ) -> Request:
         """The request answering ``prompt`` in at most ``max_new_tokens`` under ``cache`` (a cache
-        config), ending at :attr:`stop_ids` or once the answer holds one of ``stops``."""
+        setting), ending at :attr:`stop_ids` or once the answer holds one of ``stops``."""
         ids, compress_at = self.encode(prompt, max_new_tokens)
         stops = tuple(stops)
         if stops not in self._stop_checks:

@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
+from snapeval.configs.setting import CacheSetting
 from snapeval.errors import SnapevalError
 from snapeval.models import ModelSpec, check_chat, load_tokenizer
 from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
@@ -152,7 +153,7 @@ def _start_points(
     """A started run per distinct config, the full cache's first (its outputs are the others' reference):
     one query for what is stored, one transaction for the runs."""
     distinct: dict[str, dict[str, Any]] = {}
-    for config in sorted(configs, key=lambda config: config["cache"]["method"] != "full"):
+    for config in sorted(configs, key=lambda config: not CacheSetting.of(config["cache"]).is_full):
         distinct.setdefault(config_hash(config), config)
     done = db.done_by_hash(distinct)
     run_ids = db.start_runs([(config, digest) for digest, config in distinct.items()], lease_s)

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from transformers import PreTrainedModel
 
-from snapeval.cache import build_cache
 from snapeval.cache.attention import cache_keyword
 from snapeval.cache.slots import cached_shapes
 from snapeval.decode.batch_rows import check_rows_fit
@@ -216,7 +215,7 @@ class _Run:
         for request in added:
             self.shares[request.prefill_key()] += 1
             self.sampling.note(request.sampling)
-            batcher.slots.admit(build_cache(request.cache, strict=False), len(request.prompt_ids))
+            batcher.slots.admit(request.engine, len(request.prompt_ids))
         if added and max(needs) > batcher.slots.capacity:
             batcher.slots = batcher.slots.grown(max(needs))  # rare: a request longer than any reserved for
         pin_for_cuda_graphs([*self.sampling.tensors(), *batcher.slots.tensors()])  # grown, or rings admitted

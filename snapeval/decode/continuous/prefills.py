@@ -30,7 +30,7 @@ def fill(model: PreTrainedModel, request: Request, queue: Iterable[Request], pre
     key = request.prefill_key()
     group = [request, *(other for other in queue if other.prefill_key() == key)]
     settings = {other.setting: other.cache for other in group if other.setting not in prefill.caches}
-    caches = {setting: build_cache(params, strict=False) for setting, params in settings.items()}
+    caches = {key: build_cache(setting) for key, setting in settings.items()}
     shared = next(iter(caches.values())) if len(caches) == 1 else CacheGrid(list(caches.values()))
     split = request.compress_at or len(request.prompt_ids)
     start = time.perf_counter()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from snapeval.cache import SnapevalCache, build_cache
+from snapeval.cache import SnapevalCache
 from snapeval.cache.eviction import Eviction
 from snapeval.decode.continuous.classes import RowClasses
 from snapeval.decode.continuous.prefills import Prefill
@@ -104,7 +104,7 @@ def load_row(slots: RowClasses, index: int, request: Request, prefill: Prefill, 
         slots=held,
         pinned=first.held,
         prefill_s=prefill.seconds[request.setting],
-        evicting=build_cache(request.cache, strict=False) if eviction is not None else None,
+        evicting=request.engine if eviction is not None else None,
         eviction=eviction,
         held=full.filled,
     )

@@ -7,26 +7,30 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from snapeval.cache import build_cache, effective_params, method_class
+from snapeval.cache import CacheSetting, SnapevalCache, build_cache, method_class
 from snapeval.decode.sampling import Sampling
 
 
 @dataclass(frozen=True)
 class Request:
-    """One answer to generate: a prompt, the cache settings to compress it with, and how to stop.
+    """One answer to generate: a prompt, the cache setting to compress it with, and how to stop.
 
     ``compress_at``: the prompt tokens before it are prefilled (and compressed) in one call, the rest
     appended. ``tag``: anything the caller needs back with the answer.
     """
 
     prompt_ids: tuple[int, ...]
-    cache: Mapping[str, Any]
+    cache: CacheSetting | Mapping[str, Any]
     max_new_tokens: int
     sampling: Sampling = Sampling()
     stop_ids: frozenset[int] = frozenset()
     compress_at: int | None = None
     should_stop: Callable[[list[int]], bool] | None = None
     tag: Any = None
+
+    def __post_init__(self) -> None:
+        """A cache given as a node (``{"method": ..., **parameters}``) is made a setting here."""
+        object.__setattr__(self, "cache", CacheSetting.of(self.cache))
 
     def prefill_key(self) -> tuple:
         """Requests with equal keys share one prefill, whatever their cache settings (except a method
@@ -35,7 +39,7 @@ class Request:
 
     @cached_property
     def _prefill_key(self) -> tuple:
-        own = method_class(self.cache.get("method")).selects_before_prefill
+        own = method_class(self.cache.method).selects_before_prefill
         return (self.prompt_ids, self.compress_at, self.setting if own else None)
 
     @cached_property
@@ -44,13 +48,19 @@ class Request:
         out once: the batcher sizes its rows and places the request by it)."""
         split = self.compress_at or len(self.prompt_ids)
         appended = len(self.prompt_ids) - split
-        cache = build_cache(self.cache, strict=False)
-        return cache.decode_slots(split, appended + self.max_new_tokens)
+        return self.engine.decode_slots(split, appended + self.max_new_tokens)
 
     @cached_property
+    def engine(self) -> SnapevalCache:
+        """The request's own cache engine, built once: its row's slots, its admission and its decode-time
+        re-selections (its prompt is prefilled into a cache of its setting's, shared by the prompt's
+        requests of that setting)."""
+        return build_cache(self.cache)
+
+    @property
     def setting(self) -> tuple:
-        """The effective cache settings (parameters a method ignores left out), built once."""
-        return tuple(sorted(effective_params(self.cache).items()))
+        """The key of the request's cache setting (parameters a method ignores left out)."""
+        return self.cache.key
 
 
 @dataclass

@@ -1,0 +1,130 @@
+"""One cache setting, checked and resolved once: what a ``cache`` node of a config stands for.
+
+A config's ``cache`` node (or a grid point's) is a mapping as Hydra composed it. :meth:`CacheSetting.of`
+turns it into a frozen :class:`CacheSetting`: its method, its declaration made from the node (the
+method's checks run; :func:`~snapeval.configs.methods.method_params`), the parameters results store
+(``stored``) and the key that tells settings apart. The plan makes each setting once; the requests, the
+batcher, the store and the engine (:func:`snapeval.cache.build_cache`) take it as it is. A setting
+depends on nothing but its node, so :data:`_MADE` remembers each one under its node and under its stored
+form (what the plan's points and the engine give back): the declaration's checks run once per setting
+per process. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from snapeval.configs.cache import SELF_DRAFT
+from snapeval.configs.methods import (
+    METHODS,
+    check_outside,
+    method_label,
+    method_params,
+    parameter_names,
+    params_class,
+    stored_params,
+)
+from snapeval.errors import SnapevalError
+
+FULL = "full"
+"""The full cache's method name: the reference every compressed setting is measured against."""
+
+
+@dataclass(frozen=True)
+class CacheSetting:
+    """A cache setting: ``method``, the ``stored`` parameters (those it takes, defaults filled in, unset
+    options left out, in declaration order) and ``declaration``, the method's dataclass made from them
+    (None for a method outside the package that declares no parameters)."""
+
+    method: str
+    params: tuple[tuple[str, Any], ...]
+    declaration: Any = field(default=None, compare=False, hash=False, repr=False)
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any] | CacheSetting) -> CacheSetting:
+        """The setting of a ``cache`` node; one line naming ``cache.<field>`` for a bad value."""
+        if isinstance(node, CacheSetting):
+            return node
+        key = _node_key(node)
+        if key not in _MADE:
+            setting = _make(node)
+            _MADE[key] = _MADE.setdefault(_node_key(setting.stored), setting)
+        return _MADE[key]
+
+    @property
+    def stored(self) -> dict[str, Any]:
+        """The cache as results store it: ``{"method": ..., **params}``."""
+        return {"method": self.method, **dict(self.params)}
+
+    @property
+    def key(self) -> tuple:
+        """Sorted (name, value) pairs of :attr:`stored`: equal for two nodes that make the same cache."""
+        return tuple(sorted(self.stored.items()))
+
+    @property
+    def is_full(self) -> bool:
+        """Whether this is the full cache (the reference)."""
+        return self.method == FULL
+
+    @property
+    def label(self) -> str:
+        """How figures and tables name the method."""
+        return method_label(self.method)
+
+    @property
+    def draft(self) -> str | None:
+        """The speculative prefill draft this setting names, the target itself left out (None: none)."""
+        draft = dict(self.params).get("draft")
+        return None if draft in (None, SELF_DRAFT) else str(draft)
+
+
+def _node_key(node: Mapping[str, Any]) -> str:
+    """A node as one hashable value (its values are config scalars: JSON), less the keys its method
+    takes no notice of (two nodes that differ only there make the same setting)."""
+    taken = {"method", *parameter_names(params_class(node.get("method")))}
+    return json.dumps(
+        {key: value for key, value in node.items() if key in taken}, sort_keys=True, default=str
+    )
+
+
+_MADE: dict[str, CacheSetting] = {}
+"""Every setting made in this process, under its node's key and its stored form's (a memo: a setting is
+a function of its node alone)."""
+
+
+def _make(node: Mapping[str, Any]) -> CacheSetting:
+    method = node.get("method")
+    declared = params_class(method)
+    if declared is None:
+        return CacheSetting(str(method), ())
+    declaration = method_params(declared, node)
+    return CacheSetting(str(method), tuple(stored_params(declared, declaration).items()), declaration)
+
+
+def effective_params(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What a ``cache`` node stands for, as results store it (:attr:`CacheSetting.stored`): two nodes that
+    make the same cache give the same."""
+    return CacheSetting.of(node).stored
+
+
+def check_cache(node: Mapping[str, Any], grid: bool = False) -> None:
+    """Refuse a composed ``cache`` node with a key its method does not have (in a ``grid``: that no method
+    has, the points sharing the grid's parameters) or a bad value (outside a grid, for a built-in
+    method: its setting is made; one outside the package is checked when its module loads)."""
+    method = node.get("method")
+    if grid:
+        known = sorted({f.name for params in METHODS.values() for f in fields(params)})
+        owner = "the caches take"
+    elif isinstance(method, str) and ":" in method:
+        return check_outside(method)
+    else:
+        known = [f.name for f in fields(params_class(method))]
+        owner = f"{method} takes"
+    for key in node:
+        if key not in known:
+            raise SnapevalError(f"unknown key; {owner} {', '.join(sorted(known))}", f"cache.{key}")
+    if not grid:
+        CacheSetting.of(node)
