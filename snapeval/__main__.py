@@ -1,5 +1,6 @@
-"""``python -m snapeval [overrides]``: the Hydra front door. Thin: check the config once into a run plan,
-hand it to the runner, print its table (:func:`snapeval.results.tables.run_table`).
+"""``python -m snapeval [overrides]``: the front door. Thin: compose the config once, check it into a run
+plan, hand it to the runner, print its table (:func:`snapeval.results.tables.run_table`); Hydra starts
+only a sweep (``-m``), whose jobs each compose their own point.
 
 A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``), a database that cannot
 be used (``run.db``), a data file, shard or draft name is refused in one line with exit code 2 before
@@ -11,6 +12,8 @@ SIGTERM ends the run as ``interrupted`` (exit 130 or 143).
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -20,63 +23,80 @@ from omegaconf import DictConfig
 from snapeval.cli import keep_interrupts, report
 from snapeval.configs import legacy
 from snapeval.configs.check import check, check_choices
-from snapeval.configs.compose import compose_config, plain
+from snapeval.configs.compose import compose_job, plain
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 from snapeval.run.plan import RunPlan, check_inputs, make_plan
 
 
-def main(plan: RunPlan | None = None) -> None:
-    """Start Hydra's job: ``plan`` is the single run's checked plan (None for a sweep: each job checks
-    its point)."""
+@dataclass(frozen=True)
+class Checked:
+    """A single job, checked before it starts: its config, composed once, and its run plan (None for a
+    memory job or a budget search, which plan their own work)."""
+
+    config: dict[str, Any]
+    plan: RunPlan | None
+
+
+def main(checked: Checked | None = None) -> None:
+    """Run a ``checked`` single job on its config as composed (Hydra is not started: a single run makes
+    no folder and composes nothing again); without one, start Hydra: a sweep (``-m``), each of whose jobs
+    composes and checks its own point, or Hydra's flags (``--cfg job``, ``--help``)."""
+    if checked is not None:
+        if code := run_job(checked.config, checked.plan, multirun=False):
+            sys.exit(code)
+        return
 
     @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
     def job(cfg: DictConfig) -> None:
-        config = plain(cfg)
-        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-        try:
-            if config["job"] == "memory":
-                from snapeval.memory.point import run_memory_point
-
-                print(run_memory_point(config))
-                return
-            if config["job"] == "search":
-                from snapeval.commands.search import run_search
-
-                print(run_search(config))
-                return
-            from snapeval.results.tables import run_table
-            from snapeval.run.runner import execute, run
-
-            summaries = execute(plan) if plan is not None else run(config)
-        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.run.workers.Terminated)
-            sys.exit(interrupted(exc))
-        except SnapevalError as exc:
-            code = report(exc)
-            if multirun:
-                return
+        if code := run_job(plain(cfg), None, HydraConfig.get().mode == RunMode.MULTIRUN):
             sys.exit(code)
-        except Exception as exc:
-            if not multirun:
-                raise
-            print(
-                f"error: this point failed ({type(exc).__name__}: {exc}); the sweep goes on", file=sys.stderr
-            )
-            return
-        print(run_table(summaries))
 
     job()
 
 
-def check_before_hydra(overrides: list[str]) -> RunPlan | None:
-    """A single run's plan, checked before Hydra starts it (and makes its output folder), its Hydra
-    settings (``hydra.job.name=x``) left to Hydra; None for a sweep (``-m``) or Hydra flags, which go to
-    Hydra once every override parses and names existing options (each job checks its point), and for a
-    memory job or a budget search (whose fields and every budget it may try are checked here)."""
+def run_job(config: dict[str, Any], plan: RunPlan | None, multirun: bool) -> int:
+    """Run one job (an evaluation from its ``plan`` if it has one, a memory point or a budget search) and
+    print its table; its exit code. In a sweep (``multirun``) a failed point is said in one line and the
+    sweep goes on."""
+    try:
+        if config["job"] == "memory":
+            from snapeval.memory.point import run_memory_point
+
+            print(run_memory_point(config))
+            return 0
+        if config["job"] == "search":
+            from snapeval.commands.search import run_search
+
+            print(run_search(config))
+            return 0
+        from snapeval.results.tables import run_table
+        from snapeval.run.runner import execute, run
+
+        summaries = execute(plan) if plan is not None else run(config)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.run.workers.Terminated)
+        return interrupted(exc)
+    except SnapevalError as exc:
+        code = report(exc)
+        return 0 if multirun else code
+    except Exception as exc:
+        if not multirun:
+            raise
+        print(f"error: this point failed ({type(exc).__name__}: {exc}); the sweep goes on", file=sys.stderr)
+        return 0
+    print(run_table(summaries))
+    return 0
+
+
+def check_before_hydra(overrides: list[str]) -> Checked | None:
+    """A single job, composed once and checked (an evaluation into its run plan) before it starts; its
+    Hydra settings (``hydra.job.name=x``) have nothing to set without Hydra. None for a sweep (``-m``)
+    or Hydra flags, and for an experiment that sweeps, which go to Hydra once every override parses and
+    names existing options (each job checks its point). A search's every budget is checked here."""
     check_choices(overrides)
     if any(o.startswith("-") for o in overrides):
         return None
-    config = compose_config(*(o for o in overrides if not is_hydra_setting(o)))
+    config, sweep = compose_job(*(o for o in overrides if not is_hydra_setting(o)))
     evaluates = config["job"] == "evaluate"
     inputs = check_inputs(config) if evaluates else check(config)  # before torch: fields, task, data
     if config["job"] == "search":
@@ -86,7 +106,9 @@ def check_before_hydra(overrides: list[str]) -> RunPlan | None:
     from snapeval.results import ResultsDB  # the database opens (or fails on run.db) in a second
 
     ResultsDB(config["run"]["db"]).close()
-    return make_plan(inputs) if evaluates else None
+    if sweep:  # an experiment that sweeps (Hydra's mode: MULTIRUN): each job checks its point
+        return None
+    return Checked(config, make_plan(inputs) if evaluates else None)
 
 
 def is_hydra_setting(override: str) -> bool:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
+import hydra
 import pytest
 
 import snapeval.__main__ as front_door
 from snapeval import models, tasks
+from snapeval.configs import compose
 from snapeval.configs.compose import compose_config
 from snapeval.results import ResultsDB
 from snapeval.run import plan, runner
@@ -28,10 +30,12 @@ def counting(monkeypatch, counts: Counter, owner: object, name: str) -> None:
 
 
 def test_the_front_door_checks_a_run_once(monkeypatch, tmp_path, tiny_llama_overrides, capsys):
-    """``python -m snapeval ...`` in-process: the config's fields, its task (and data) and its cache
-    settings are each checked once, before Hydra, and the model's config read once; the run then stores
-    its samples."""
+    """``python -m snapeval ...`` in-process: the config is composed once (Hydra composes nothing
+    again), its fields, its task (and data) and its cache settings are each checked once, and the
+    model's config read once; the run then stores its samples."""
     counts: Counter = Counter()
+    counting(monkeypatch, counts, compose, "compose")  # Hydra's composition, wherever it is asked for
+    counting(monkeypatch, counts, hydra, "main")
     counting(monkeypatch, counts, plan, "check")
     counting(monkeypatch, counts, tasks, "load_task")
     counting(monkeypatch, counts, front_door, "check_inputs")
@@ -43,7 +47,7 @@ def test_the_front_door_checks_a_run_once(monkeypatch, tmp_path, tiny_llama_over
     monkeypatch.setattr(sys, "argv", ["snapeval", *overrides])
     checked = front_door.check_before_hydra(overrides)
     front_door.main(checked)
-    assert counts == {"check": 1, "load_task": 1, "check_inputs": 1, "make_plan": 1}
+    assert counts == {"compose": 1, "check": 1, "load_task": 1, "check_inputs": 1, "make_plan": 1}
     assert models._read_config.cache_info().misses == 1  # the plan checks it, the model is built from it
     with ResultsDB(tmp_path / "db.sqlite") as db:
         [stored] = db.run_states()

@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import (
     ConfigKeyError,
     MissingMandatoryValue,
@@ -39,11 +40,21 @@ def compose_config(*overrides: str) -> dict[str, Any]:
     """The resolved config of ``conf/config.yaml`` with Hydra ``overrides`` (spelled as today: a command
     line's old spellings are rewritten once, where it is read, by :func:`snapeval.configs.legacy.rewrite`),
     as a plain dict (:func:`plain`)."""
+    return compose_job(*overrides)[0]
+
+
+def compose_job(*overrides: str) -> tuple[dict[str, Any], bool]:
+    """:func:`compose_config`, and whether the composed config is a sweep (an experiment that sets Hydra's
+    ``mode: MULTIRUN``), from one composition."""
     check_task_choice(overrides)
     register()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            return plain(compose("config", overrides=list(overrides)))
+            cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+            sweep = OmegaConf.select(cfg, "hydra.mode", default=None) == RunMode.MULTIRUN
+            with open_dict(cfg):
+                del cfg["hydra"]
+            return plain(cfg), sweep
     except (HydraException, OmegaConfBaseException) as exc:
         raise field_error(exc, overrides) from None
 
