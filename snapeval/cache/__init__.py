@@ -35,6 +35,7 @@ __all__ = [
     "SpeculativePrefillCache",
     "StreamingLLMCache",
     "build_cache",
+    "cache_setting",
     "effective_params",
     "install",
     "method_class",
@@ -48,15 +49,17 @@ def build_cache(setting: CacheSetting | Mapping[str, Any], strict: bool = True) 
     method names are errors. A node's unknown parameters are errors when ``strict``; otherwise they are
     dropped, so that one sweep can give ``budget`` to every method, the full cache included.
     """
-    if not isinstance(setting, CacheSetting):
-        setting = CacheSetting.of(_accepted(setting, strict))
+    setting = cache_setting(setting, strict)
     cache = method_class(setting.method)(**dict(setting.params))
     cache.method = setting.method  # an outside method is stored under the path that loads it again
     return cache
 
 
-def _accepted(node: Mapping[str, Any], strict: bool) -> dict[str, Any]:
-    """``node`` less the parameters its method does not take (refused in one line when ``strict``)."""
+def cache_setting(node: CacheSetting | Mapping[str, Any], strict: bool = True) -> CacheSetting:
+    """The setting of a ``node`` (:func:`build_cache`'s checks: an unknown method, a parameter it does not
+    take when ``strict``, a bad value, each in one line naming its field)."""
+    if isinstance(node, CacheSetting):
+        return node
     method = node.get("method")
     accepted = method_class(method).parameter_names()
     unknown = sorted(set(node) - {"method", *accepted})
@@ -65,4 +68,4 @@ def _accepted(node: Mapping[str, Any], strict: bool) -> dict[str, Any]:
             f"{method} takes no parameter {', '.join(unknown)}; it takes {', '.join(accepted) or 'none'}",
             f"cache.{unknown[0]}",
         )
-    return {key: value for key, value in node.items() if key == "method" or key in accepted}
+    return CacheSetting.of({key: value for key, value in node.items() if key == "method" or key in accepted})

@@ -32,7 +32,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from snapeval.cache import build_cache, install, method_class
+from snapeval.cache import build_cache, cache_setting, install
 from snapeval.configs.root import declared_fields
 from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
 from snapeval.decode.generation import continuation_logprob
@@ -71,23 +71,15 @@ class SnapStreamLM(LM):
         **cache_parameters: Any,
     ) -> None:
         super().__init__()
-        accepted = method_class(method).parameter_names()
         cache_parameters.pop("max_batch_size", None)  # lm-eval's, not the method's
-        unknown = sorted(set(cache_parameters) - set(accepted))
-        if unknown:
-            raise SnapevalError(
-                f"unknown model argument(s) {', '.join(unknown)}; {method} takes {', '.join(accepted)}",
-                "model_args",
-            )
         # a bad choice fails before the model loads; dtype and device may be left to the model's config
         given = {"compression": compression, "compile": compile, "dtype": dtype, "device": device}
         for argument, value in given.items():
             if value is not None or argument in ("compression", "compile"):
                 _check(argument, value)
         self.batch_size = _batch_size(batch_size)
-        self.cache_parameters = {"method": method, **cache_parameters}
-        build_cache(self.cache_parameters)  # bad parameters fail before the model loads
-        check_drafts([self.cache_parameters])  # the run plan's check of the drafts a cache names
+        self.setting = cache_setting({"method": method, **cache_parameters})  # before the model loads
+        check_drafts([self.setting.stored])  # the run plan's check of the drafts a cache names
         spec = model_spec(pretrained)
         if device and device.startswith("cuda") and not torch.cuda.is_available():
             logging.getLogger(__name__).warning("no CUDA here: using cpu instead of %s", device)
@@ -104,7 +96,7 @@ class SnapStreamLM(LM):
         """The weights, loaded at the first request: lm-eval builds the model before it reads the
         tasks' data, so a missing data file is reported before minutes of loading, not after."""
         model = install(load_model(self.spec))
-        attach_drafts(model, self.tokenizer, [self.cache_parameters])
+        attach_drafts(model, self.tokenizer, [self.setting.stored])
         return model
 
     @functools.cached_property
@@ -141,7 +133,7 @@ class SnapStreamLM(LM):
         return prompt_ids(self.tokenizer, text)
 
     def _cache(self):
-        return build_cache(self.cache_parameters)
+        return build_cache(self.setting)
 
     # --- the three request types -----------------------------------------------------------------
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
@@ -194,7 +186,7 @@ class SnapStreamLM(LM):
         until = tuple(s for s in (gen_kwargs.get("until") or []) if s)
         max_new = int(gen_kwargs.get("max_gen_toks", 256))
         draw = sampling(gen_kwargs, int(gen_kwargs.get("seed") or 0) + index)
-        return self.builder.request(context, max_new, self.cache_parameters, draw, until, (index, until))
+        return self.builder.request(context, max_new, self.setting, draw, until, (index, until))
 
 
 def _batch_size(value: int | str) -> int:
