@@ -154,6 +154,7 @@ class RunLedger:
             "versions": package_versions(),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
+            "tensor_parallel": getattr(self, "tensor_parallel", 1),  # ranks the model was split across
             "expires_at": expiry(lease_s, now),
         }
         with self.engine.begin() as conn:  # a write first: SQLite takes its write lock before any read

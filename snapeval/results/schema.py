@@ -55,6 +55,7 @@ runs = Table(
     Column("versions", JSON(none_as_null=True)),
     Column("hostname", String(255)),
     Column("pid", Integer),
+    Column("tensor_parallel", Integer),  # ranks the model was split across (torchrun); NULL: older runs
     Column("expires_at", DateTime(timezone=True)),  # the worker's heartbeat: renewed while it runs
     Column("config", JSON(none_as_null=True), nullable=False),
     Column("config_hash", String(64), nullable=False, index=True),

@@ -40,12 +40,15 @@ class ResultsDB(RunLedger):
         writable: bool = True,
         field: str = "run.db",
         clock: Clock = utcnow,
+        tensor_parallel: int = 1,
     ):
         """Open (and create, unless ``must_exist``) the database at ``url`` (see :func:`database_url`),
         proven writable, or only read when ``writable`` is false (its tables as stored: an older
         snapeval's read as today's); a failure is a :class:`SnapevalError` on ``field``. ``clock`` is the
-        time that runs, samples and leases are stamped and expired with."""
+        time that runs, samples and leases are stamped and expired with; ``tensor_parallel`` the ranks the
+        model of the runs it starts is split across (their ``tensor_parallel`` column)."""
         self.url, self.clock, self.field = database_url(url), clock, field
+        self.tensor_parallel = tensor_parallel
         self.engine: Engine = open_engine(self.url, must_exist=must_exist, writable=writable, field=field)
         self.tables = (
             {table.name: table for table in metadata.sorted_tables}
