@@ -6,18 +6,19 @@ end of that prefill), and only then scores the continuation (``loglikelihood``) 
 would leave log-likelihoods unchanged (lm-eval issue 3298); here the continuation never sees what
 was evicted.
 
-Model arguments: ``pretrained`` (a snapeval model name such as ``smollm2-135m``, a Hub id, or a path),
+Model arguments: ``pretrained`` (a snapeval model name, the embedded default if left out, a Hub id, or a
+path),
 ``method`` (any method of :mod:`snapeval.cache.registry`, each a row of ``docs/methods.md``, or
 ``package.module:ClassName``) and that method's parameters (its class's constructor arguments, e.g.
 ``budget``, ``ratio``, ``window``, ``sinks``, ``ring``), ``compression`` (query_aware: the whole context is
 compressed; query_agnostic: the context up to the last occurrence of ``query_start`` is compressed and the
 rest appended after), ``max_length`` (default: the model's window),
 ``compile`` (the decode step: auto | off | on). ``generate_until`` requests go through snapeval's continuous
-batcher: lm-eval's ``--batch_size`` rows decode together (an integer; ``auto`` means 8), each refilled as
-soon as its answer ends, and identical requests (lm-eval's ``repeats``) share one prefill. A context
-becomes a request as the runner's prompts do (:mod:`snapeval.run.requests`), cut in the middle of its ids
-when it does not fit; ``compression``, ``compile``, ``dtype`` and ``device`` take what their config
-fields take.
+batcher: lm-eval's ``--batch_size`` rows decode together (an integer; ``auto`` means ``run.batch_size``'s
+default), each refilled as soon as its answer ends, and identical requests (lm-eval's ``repeats``) share
+one prefill. A context becomes a request as the runner's prompts do (:mod:`snapeval.run.requests`), cut
+in the middle of its ids when it does not fit; ``compression``, ``compile``, ``dtype`` and ``device`` take
+what their config fields take.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from snapeval.cache import build_cache, cache_setting, install
-from snapeval.configs.root import declared_fields
+from snapeval.configs.compose import default_option
+from snapeval.configs.root import declared_default, declared_fields
 from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
 from snapeval.decode.generation import continuation_logprob
 from snapeval.decode.stops import cut_at_stop, stop_ids
@@ -59,14 +61,14 @@ class SnapStreamLM(LM):
 
     def __init__(
         self,
-        pretrained: str = "smollm2-135m",
+        pretrained: str | None = None,
         method: str = "snapstream",
         compression: str = "query_aware",
         query_start: str | None = None,
         max_length: int | None = None,
         device: str | None = None,
         dtype: str | None = None,
-        batch_size: int | str = 8,
+        batch_size: int | str = declared_default("run.batch_size"),
         compile: str = "auto",
         **cache_parameters: Any,
     ) -> None:
@@ -80,7 +82,7 @@ class SnapStreamLM(LM):
         self.batch_size = _batch_size(batch_size)
         self.setting = cache_setting({"method": method, **cache_parameters})  # before the model loads
         check_drafts([self.setting.stored])  # the run plan's check of the drafts a cache names
-        spec = model_spec(pretrained)
+        spec = model_spec(pretrained or default_option("model"))
         if device and device.startswith("cuda") and not torch.cuda.is_available():
             logging.getLogger(__name__).warning("no CUDA here: using cpu instead of %s", device)
             device = "cpu"
@@ -190,11 +192,12 @@ class SnapStreamLM(LM):
 
 
 def _batch_size(value: int | str) -> int:
-    """lm-eval's ``--batch_size``: an integer, or ``auto``/``auto:N`` (8 rows, with a warning: rows are
-    not sized from memory)."""
+    """lm-eval's ``--batch_size``: an integer, or ``auto``/``auto:N`` (``run.batch_size``'s default, with
+    a warning: rows are not sized from memory)."""
     if str(value).startswith("auto"):
-        logging.getLogger(__name__).warning("batch_size=%s is not supported: using 8", value)
-        return 8
+        rows = declared_default("run.batch_size")
+        logging.getLogger(__name__).warning("batch_size=%s is not supported: using %d", value, rows)
+        return rows
     try:
         size = int(value)
     except ValueError:

@@ -43,6 +43,13 @@ def compose_config(*overrides: str) -> dict[str, Any]:
     return compose_job(*overrides)[0]
 
 
+def default_option(group: str) -> str:
+    """The option of config group ``group`` that ``conf/config.yaml``'s defaults list picks (``model``:
+    the embedded default model), read without composing."""
+    defaults = yaml.safe_load((CONF_DIR / "config.yaml").read_text(encoding="utf-8"))["defaults"]
+    return next(entry[group] for entry in defaults if isinstance(entry, dict) and group in entry)
+
+
 def compose_job(*overrides: str) -> tuple[dict[str, Any], bool]:
     """:func:`compose_config`, and whether the composed config is a sweep (an experiment that sets Hydra's
     ``mode: MULTIRUN``), from one composition."""

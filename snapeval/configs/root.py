@@ -181,3 +181,8 @@ def declared_fields(schema: type = Config, prefix: str = "") -> Iterator[tuple[s
                     if child[0] not in seen:
                         seen.add(child[0])
                         yield child
+
+
+def declared_default(path: str) -> Any:
+    """The default of the config field at dotted ``path`` (``run.batch_size``), as declared."""
+    return next(item.default for name, item in declared_fields() if name == path)

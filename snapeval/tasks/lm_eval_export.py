@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from snapeval.cli import one_line_errors
-from snapeval.configs.compose import compose_config
+from snapeval.configs.compose import compose_config, default_option
 from snapeval.paths import LM_EVAL_TASKS_DIR
 from snapeval.results.files import write_atomically
 from snapeval.tasks import task_class, task_names
@@ -33,7 +33,11 @@ def definition(name: str) -> str:
     """The lm-eval YAML of task ``name``."""
     cls, config = task_class(name), compose_config(f"task={name}")["task"]
     if cls.needs_tokenizer:
-        options = {"pretrained": "smollm2-135m", "seed": 0, "context_length": config["context_length"]}
+        options = {
+            "pretrained": default_option("model"),
+            "seed": 0,
+            "context_length": config["context_length"],
+        }
     else:
         options = config.get("metadata") or {}
     lines = [
