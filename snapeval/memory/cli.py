@@ -1,4 +1,7 @@
-"""``python -m snapeval.memory key=value ...``: print a memory estimate, or one ``error:`` line."""
+"""``python -m snapeval.memory key=value ...``: print a memory estimate, or one ``error:`` line.
+
+The same estimate as ``python -m snapeval job=memory memory.key=value`` (:mod:`snapeval.memory.point`),
+checked by the same function with the same defaults, printed and not stored."""
 
 from __future__ import annotations
 
@@ -8,14 +11,11 @@ from typing import Any
 
 from snapeval.cli import one_line_errors
 from snapeval.errors import SnapevalError
-from snapeval.memory.estimate import estimate
+from snapeval.memory.point import KEYS, REQUIRED, default_hardware, estimate_memory
 from snapeval.memory.report import render
 
-KEYS = ("model", "hardware", "context", "batch", "tp", "budget", "method", "kv_dtype", "weights_dtype")
-REQUIRED = ("model", "context")
 INTEGER_KEYS = frozenset({"context", "batch", "tp", "budget"})
 NULL = "null"
-DEFAULT_HARDWARE = "sn40l"  # as in conf/memory/default.yaml
 USAGE = (
     "usage: python -m snapeval.memory model=<conf/model name | config.json | hub id> context=<tokens> "
     "[hardware=sn40l] [batch=1] [tp=1] [budget=<tokens>] [method=<a method of snapeval.cache>] "
@@ -35,9 +35,6 @@ def parse_overrides(args: Sequence[str]) -> dict[str, Any]:
         if key in options:
             raise SnapevalError("given twice", key)
         options[key] = _value(key, value)
-    missing = [key for key in REQUIRED if options.get(key) is None]
-    if missing:
-        raise SnapevalError(f"missing {', '.join(f'{key}=' for key in missing)}; {USAGE}")
     return options
 
 
@@ -48,9 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args in (["-h"], ["--help"]):
         print(USAGE)
         return 0
-    options = parse_overrides(args)
-    hardware = options.pop("hardware", None) or DEFAULT_HARDWARE
-    print(render(estimate(options.pop("model"), hardware, **options)))
+    options = {"hardware": default_hardware(), **parse_overrides(args)}
+    missing = [key for key in REQUIRED if options.get(key) is None]
+    if missing:  # the check's "required", said with the command's usage
+        raise SnapevalError(f"missing {', '.join(f'{key}=' for key in missing)}; {USAGE}")
+    print(render(estimate_memory(options, node="")))
     return 0
 
 
