@@ -17,8 +17,9 @@ A gate judges one evaluation of one compressed cache setting: a cache that is no
 (``+exp=...``, ``task.*``, a grid), a task that sets the cache or makes a grid or another job, and the
 full cache as the compressed one are refused before anything runs.
 
-Both settings are first run through :func:`snapeval.run.runner.run`, which computes only the samples the
-database lacks (skipped with ``--no-run``); verdicts are then judged from the database alone, on every
+Both settings are first planned (:func:`snapeval.run.plan.make_plan`) and executed
+(:func:`snapeval.run.runner.execute`), which computes only the samples the database lacks (skipped with
+``--no-run``); verdicts are then judged from the database alone, on every
 paired sample stored for the two configs. Exit status: 0 when every gate passes, 1 when one fails, 2 on a
 bad spec, config or database.
 """

@@ -65,7 +65,7 @@ def check(config: Mapping[str, Any]) -> None:
 
 def typed(config: Mapping[str, Any]) -> Config:
     """``config`` as its dataclasses: the root, the schema of its task's kind and the model; its cache
-    as its method's parameters (:func:`~snapeval.configs.methods.check_cache`: in a grid, whose points
+    as its method's parameters (:func:`~snapeval.configs.setting.check_cache`: in a grid, whose points
     take the parameters of all its methods, keys of any of them)."""
     names = {"task": _name(config, "task", "name"), "model": _name(config, "model", "name")}
     try:

@@ -68,7 +68,7 @@ VERSIONED_PACKAGES: dict[str, str] = {
 
 def identity(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """What a run of ``cfg`` is stored and found under: its :func:`stored_config`, its cache given by
-    :func:`~snapeval.configs.methods.effective_params`, and that config's :func:`config_hash`."""
+    :func:`~snapeval.configs.setting.effective_params`, and that config's :func:`config_hash`."""
     stored = stored_config(cfg, effective_params(cfg["cache"]))
     return stored, config_hash(stored)
 
