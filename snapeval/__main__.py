@@ -11,6 +11,7 @@ SIGTERM ends the run as ``interrupted`` (exit 130 or 143).
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -84,7 +85,10 @@ def run_job(config: dict[str, Any], plan: RunPlan | None, multirun: bool) -> int
             raise
         print(f"error: this point failed ({type(exc).__name__}: {exc}); the sweep goes on", file=sys.stderr)
         return 0
-    print(run_table(summaries))
+    from snapeval.models.parallel import is_writer
+
+    if is_writer():  # under torchrun, rank 0 alone
+        print(run_table(summaries))
     return 0
 
 
@@ -105,7 +109,8 @@ def check_before_hydra(overrides: list[str]) -> Checked | None:
         check_search(config)  # every budget it may try planned as it would run
     from snapeval.results import ResultsDB  # the database opens (or fails on run.db) in a second
 
-    ResultsDB(config["run"]["db"]).close()
+    if os.environ.get("RANK", "0") in ("", "0"):  # torchrun's other ranks open no database
+        ResultsDB(config["run"]["db"]).close()
     if sweep:  # an experiment that sweeps (Hydra's mode: MULTIRUN): each job checks its point
         return None
     return Checked(config, make_plan(inputs) if evaluates else None)

@@ -36,8 +36,13 @@ def error_line(error: BaseException) -> str:
 
 
 def report(error: SnapevalError) -> int:
-    """Print ``error`` in one line on stderr; the exit code of bad input (2)."""
-    print(error_line(error), file=sys.stderr)
+    """Print ``error`` in one line on stderr; the exit code of bad input (2). Under torchrun (a process
+    group started) every rank says its line before any ends: a refusal every rank reaches alike."""
+    print(error_line(error), file=sys.stderr, flush=True)
+    distributed = sys.modules.get("torch.distributed")  # under torchrun: every rank says it, then all end
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.barrier()
+        distributed.destroy_process_group()
     return EXIT_BAD_INPUT
 
 
