@@ -18,6 +18,7 @@ Importing this module loads no torch.
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import os
 import sys
@@ -133,7 +134,8 @@ def tp_load_arguments(world: World) -> dict[str, Any]:
 
 def init_process_group(world: World, timeout_s: float = TIMEOUT_S) -> Any:
     """Start the process group of ``world`` (NCCL on CUDA, gloo on CPU) with a collective timeout of
-    ``timeout_s``, unless started already, and return this rank's device (``cuda:LOCAL_RANK`` or cpu)."""
+    ``timeout_s``, unless started already (it ends as the process exits), and return this rank's device
+    (``cuda:LOCAL_RANK`` or cpu)."""
     from datetime import timedelta
 
     import torch
@@ -151,7 +153,15 @@ def init_process_group(world: World, timeout_s: float = TIMEOUT_S) -> Any:
         torch.cuda.set_device(device)
     if world.parallel and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+        atexit.register(_destroy_process_group)  # a rank that exits with it alive may abort (gloo)
     return device
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def end_together(error: SnapevalError) -> NoReturn:
