@@ -42,6 +42,7 @@ import yaml
 
 from snapeval.cli import one_line_errors
 from snapeval.configs import legacy
+from snapeval.configs.cache import FULL
 from snapeval.configs.check import check
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
@@ -190,7 +191,7 @@ def one_setting(config: Mapping[str, Any], side: str) -> None:
         raise SnapevalError(f"a gate runs two evaluations, not job={config['job']}", "job")
     if config.get("grid") is not None:
         raise SnapevalError("a gate runs one cache setting, not a grid: give each point its own gate", "grid")
-    if side == "cache" and config["cache"].get("method") == "full":
+    if side == "cache" and config["cache"].get("method") == FULL:
         raise SnapevalError(
             "must be a compressed cache, got full: a gate compares one with it", "cache.method"
         )

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from snapeval.configs.cache import FULL
 from snapeval.errors import SnapevalError
 from snapeval.stats import CONFIDENCE, STAGE_CONFIDENCE, retention, samples_needed, smallest_kept
 
@@ -276,7 +277,7 @@ def check_search(config: Mapping[str, Any]) -> None:
 def _round_config(config: Mapping[str, Any], settings: Settings, budgets: list[int], samples: int) -> dict:
     """The grid run of one round: the full cache and the method at ``budgets``, on the first ``samples``."""
     base = {key: value for key, value in config.items() if key != "search"}
-    grid = {"cache": ["full", settings.method], "params": {**config["search"]["params"], "budget": budgets}}
+    grid = {"cache": [FULL, settings.method], "params": {**config["search"]["params"], "budget": budgets}}
     return {**base, "job": "evaluate", "grid": grid, "run": {**base["run"], "limit": samples}}
 
 
@@ -296,7 +297,7 @@ def _evaluator(config: Mapping[str, Any], settings: Settings) -> Evaluate:
         with ResultsDB(cfg["run"]["db"]) as db:
             by_point = {}
             for point in grid_points(cfg):
-                key = "full" if point["cache"]["method"] == "full" else str(point["cache"]["budget"])
+                key = FULL if point["cache"]["method"] == FULL else str(point["cache"]["budget"])
                 by_point[key] = {row["sample_id"]: row["score"] for row in db.samples_for(identity(point)[1])}
             return by_point
 
@@ -310,7 +311,7 @@ def _evaluator(config: Mapping[str, Any], settings: Settings) -> Evaluate:
             time.sleep(WAIT_S)
             run(cfg)  # computes whatever a dead worker's expired claims returned
             scores = stored(cfg)
-        full = scores.pop("full")
+        full = scores.pop(FULL)
         return {int(b): ([s[i] for i in wanted], [full[i] for i in wanted]) for b, s in scores.items()}
 
     return evaluate

@@ -24,6 +24,8 @@ from typing import Any, ClassVar
 from snapeval.configs.fields import Checked, boolean, choice, json_object, number, odd, setting, slots
 from snapeval.errors import SnapevalError
 
+FULL = "full"
+"""The full cache's name: the reference every compressed method is measured against."""
 DEFAULT_BUDGET = 1024
 """Slots per layer and KV head of every budgeted method unless a command line says otherwise."""
 SELF_DRAFT = "self"
@@ -124,7 +126,7 @@ class Full(Method):
 
     label = "Full cache"
     shape = "grows"
-    method: str = "full"
+    method: str = FULL
     budget: int | None = ignored()
     ratio: float | None = ignored()
 

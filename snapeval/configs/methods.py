@@ -18,7 +18,7 @@ from dataclasses import fields
 from typing import Any
 
 from snapeval.configs import cache as declarations
-from snapeval.configs.cache import SELF_DRAFT
+from snapeval.configs.cache import FULL, SELF_DRAFT
 from snapeval.errors import SnapevalError
 
 
@@ -30,7 +30,7 @@ def declared_methods(module: Any = declarations) -> dict[str, type]:
         for cls in vars(module).values()
         if dataclasses.is_dataclass(cls) and isinstance(vars(cls).get("label"), str)
     }
-    return dict(sorted(found.items(), key=lambda item: (item[0] != "full", item[0])))
+    return dict(sorted(found.items(), key=lambda item: (item[0] != FULL, item[0])))
 
 
 METHODS: dict[str, type] = declared_methods()

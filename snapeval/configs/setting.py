@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from snapeval.configs.cache import SELF_DRAFT
+from snapeval.configs.cache import FULL, SELF_DRAFT
 from snapeval.configs.methods import (
     METHODS,
     check_outside,
@@ -28,9 +28,6 @@ from snapeval.configs.methods import (
     stored_params,
 )
 from snapeval.errors import SnapevalError
-
-FULL = "full"
-"""The full cache's method name: the reference every compressed setting is measured against."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from snapeval.configs.cache import FULL
 from snapeval.figures.panels import NothingToDraw, error_bars, grid, legend, panels, results, save
 from snapeval.figures.style import CI_ALPHA, PAPER_RC, method_label, method_style
 from snapeval.figures.sweeps import budget_axis, full_cache_line, method_sweeps
@@ -33,7 +34,7 @@ def draw(df: pd.DataFrame) -> Figure:
     drawn = [(title, rows) for title, rows in panels(table, experiment) if rows["cache.budget"].notna().any()]
     fig, axes = grid(len(drawn))
     for ax, (title, rows) in zip(axes, drawn, strict=True):
-        full_cache_line(ax, rows[rows["cache.method"] == "full"], "accuracy", band=True)
+        full_cache_line(ax, rows[rows["cache.method"] == FULL], "accuracy", band=True)
         compressed = rows[rows["cache.budget"].notna()]
         for method, sweep in method_sweeps(compressed, cache):
             _accuracy_series(ax, sweep, method)

@@ -15,6 +15,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from snapeval.configs.cache import FULL
 from snapeval.figures.panels import NothingToDraw, error_bars, grid, legend, panels, save, settings
 from snapeval.figures.style import (
     DASHES,
@@ -153,7 +154,7 @@ def _accuracy(ax: Axes, series: Series) -> None:
     summaries = pd.DataFrame([setting.summary for setting in series.members])
     accuracy, low, high = summaries["accuracy"], summaries["ci_low"], summaries["ci_high"]
     yerr = error_bars(accuracy, low, high)
-    front = {"zorder": 3} if series.method == "full" else {}  # the reference, over a method at its size
+    front = {"zorder": 3} if series.method == FULL else {}  # the reference, over a method at its size
     ax.errorbar(summaries["kv_mib"], accuracy, yerr=yerr, label=series.label, **series.style, **front)
 
 

@@ -9,6 +9,7 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
+from snapeval.configs.cache import FULL
 from snapeval.configs.methods import METHODS, method_label
 from snapeval.results import ALIASES
 
@@ -70,7 +71,7 @@ def method_color(method: str) -> str:
 def method_style(method: str) -> dict[str, object]:
     """``color``, ``marker`` and ``linestyle`` of ``method``, the same in every figure; no two methods of
     the declarations share any of the three."""
-    if method == "full":
+    if method == FULL:
         return dict(FULL_CACHE)
     return {
         "color": _pick(PALETTE, method),
@@ -82,7 +83,7 @@ def method_style(method: str) -> dict[str, object]:
 def _pick(options: Sequence[T], method: str) -> T:
     """The option at ``method``'s place among the declared compressing methods; a method outside it
     gets one of the options left, picked from its name."""
-    compressing = [name for name in METHODS if name != "full"]
+    compressing = [name for name in METHODS if name != FULL]
     if method in compressing:
         return options[compressing.index(method) % len(options)]
     unused = options[len(compressing) :] or options

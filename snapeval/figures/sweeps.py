@@ -11,6 +11,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
+from snapeval.configs.cache import FULL
 from snapeval.figures.style import CI_ALPHA, method_label, method_style
 
 BUDGET_LABEL = "KV budget (slots per head)"
@@ -67,13 +68,13 @@ def full_cache_line(ax: Axes, full: pd.DataFrame, column: str, band: bool = Fals
     if full.empty:
         return
     reference = full.loc[full["n"].idxmax()]
-    style = method_style("full")
+    style = method_style(FULL)
     ax.axhline(
         reference[column],
         color=style["color"],
         linestyle=style["linestyle"],
         lw=1,
-        label=method_label("full"),
+        label=method_label(FULL),
     )
     if band:
         ax.axhspan(reference["ci_low"], reference["ci_high"], color=style["color"], alpha=CI_ALPHA / 2, lw=0)

@@ -9,6 +9,7 @@ import matplotlib as mpl
 import pandas as pd
 from matplotlib.figure import Figure
 
+from snapeval.configs.cache import FULL
 from snapeval.figures.panels import NothingToDraw, grid, legend, panels, results, save
 from snapeval.figures.style import PAPER_RC, method_label, method_style
 from snapeval.figures.sweeps import budget_axis, full_cache_line, method_sweeps
@@ -38,7 +39,7 @@ def draw(df: pd.DataFrame) -> Figure:
         sweeps = method_sweeps(compressed, cache)
         row_axes = axes[index * len(MEASURES) : (index + 1) * len(MEASURES)]
         for ax, (column, label) in zip(row_axes, MEASURES, strict=True):
-            full_cache_line(ax, rows[rows["cache.method"] == "full"], column)
+            full_cache_line(ax, rows[rows["cache.method"] == FULL], column)
             for method, sweep in sweeps:
                 ax.plot(sweep["budget_x"], sweep[column], label=method_label(method), **method_style(method))
             budget_axis(ax, compressed["cache.budget"])

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from snapeval.configs.cache import FULL
 from snapeval.errors import SnapevalError
 from snapeval.memory.geometry import ModelGeometry, load_geometry
 from snapeval.memory.hardware import TIER_NAMES, HardwareProfile, MemoryTier, load_hardware
 from snapeval.memory.kv import (
-    FULL,
     SNAPSTREAM,
     cached_tokens,
     ceil_div,

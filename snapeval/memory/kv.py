@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from snapeval.configs.cache import FULL
 from snapeval.configs.footprint import row_slots, slot_bytes
 from snapeval.errors import SnapevalError
 from snapeval.memory.geometry import ModelGeometry
 from snapeval.memory.units import dtype_bytes
 
-FULL = "full"
 SNAPSTREAM = "snapstream"
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from snapeval.configs.cache import FULL
 from snapeval.memory.geometry import ModelGeometry
 from snapeval.memory.hardware import HardwareProfile
-from snapeval.memory.kv import FULL, cached_tokens, kv_heads_per_rank
+from snapeval.memory.kv import cached_tokens, kv_heads_per_rank
 from snapeval.memory.units import format_bytes
 
 UNITS_NOTE = (

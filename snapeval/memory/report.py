@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from snapeval.configs.cache import FULL
 from snapeval.memory.estimate import MemoryEstimate
-from snapeval.memory.kv import FULL
 from snapeval.memory.units import format_bytes, format_count
 
 
@@ -25,7 +25,7 @@ def _title(e: MemoryEstimate) -> str:
 
 
 def _bytes_table(e: MemoryEstimate) -> str:
-    caches = [("full", e.tokens_full, e.kv_bytes_per_sequence_full, e.kv_bytes_per_sequence_full_per_socket)]
+    caches = [(FULL, e.tokens_full, e.kv_bytes_per_sequence_full, e.kv_bytes_per_sequence_full_per_socket)]
     if e.method != FULL:
         caches.append(
             (

@@ -9,6 +9,7 @@ import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from snapeval.configs.cache import FULL
 from snapeval.report.analysis import Comparison
 from snapeval.report.data import Experiment
 from snapeval.stats import mean_ci
@@ -58,7 +59,7 @@ def budget_figure(
         left, right = fig.subplots(1, 2)
         mean, low, high = full_accuracy
         if not math.isnan(mean):
-            full = method_style("full")
+            full = method_style(FULL)
             left.axhline(mean, color=full["color"], linestyle=full["linestyle"], lw=1, label="Full cache")
             if not math.isnan(low):
                 left.axhspan(low, high, color=full["color"], alpha=BAND_ALPHA / 2, lw=0)

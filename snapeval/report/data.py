@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from snapeval.configs.cache import FULL
 from snapeval.configs.methods import METHODS
 from snapeval.configs.setting import effective_params
 from snapeval.errors import SnapevalError
@@ -105,7 +106,7 @@ def method_label(method: str) -> str:
 
 def full_cache_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` with the full cache: the config of its full-cache run of the same samples."""
-    return {**config, "cache": effective_params({"method": "full"})}
+    return {**config, "cache": effective_params({"method": FULL})}
 
 
 def load_experiments(db: ResultsDB) -> list[Experiment]:

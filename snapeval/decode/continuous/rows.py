@@ -115,7 +115,7 @@ def answer_of(slots: RowClasses, row_index: int, row: Row, stopped: str) -> Answ
     slots, index = slots.locate(row_index)
     held = row.slots if row.fixed else row.pinned + row.fed
     prompt_length = len(row.request.prompt_ids)
-    compressed = row.method != "full"
+    compressed = not row.request.cache.is_full
     histogram = slots.kept_histogram(index, prompt_length) if compressed else None
     share = slots.kept_share(index, prompt_length) if compressed else None
     generated = (
