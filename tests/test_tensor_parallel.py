@@ -34,7 +34,9 @@ from snapeval.models.parallel import (
 from tests import tensor_parallel_worker as worker
 from tests.families import FAMILIES
 
-TP_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+TP_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "phi4_mini", "gpt_oss")
+"""Families whose plan splits attention heads, and two whose plan keeps them whole on every rank (Phi-3's
+gathered qkv_proj; GPT-OSS, which splits its experts alone)."""
 WORKER = Path(worker.__file__)
 TOLERANCE = 1e-5  # of the largest logit
 TIMEOUT_S = 240

@@ -42,7 +42,7 @@ from snapeval.cache.decode_attention import grouped_decode_attention
 from snapeval.cache.method import LAYER_WINDOW
 from snapeval.cache.mla import absorbed_decode_attention, is_latent, up_projections
 from snapeval.cache.rope import key_rotation, rope_inv_freq
-from snapeval.cache.tensor_parallel import tp_degree
+from snapeval.cache.tensor_parallel import query_heads_here
 from snapeval.couplings import (
     CACHE_PARAMETERS,
     MLA_LATENT_CACHE,
@@ -278,8 +278,7 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
             f"latent (installed: {transformers_version()})",
             "model",
         )
-    tensor_parallel = tp_degree(model)  # a rank's module computes its share of the heads
-    heads = getattr(model.config.get_text_config(), "num_attention_heads", None)
+    local_heads = query_heads_here(model, cache_keyword(model))  # a rank's share under tensor parallel
     inv_freq = rope_inv_freq(model)
     rotary = getattr(model.get_decoder(), "rotary_emb", None)
     implementation = model.config._attn_implementation
@@ -295,7 +294,7 @@ def install(model: PreTrainedModel) -> PreTrainedModel:
         setattr(module, ROPE_INV_FREQ, inv_freq)
         vars(module)[ROPE_ROTATION] = rotation
         vars(module)[ROTARY_MODULE] = rotary  # a plain reference, not a registered submodule
-        vars(module)[LOCAL_HEADS] = heads // tensor_parallel if heads else None
+        vars(module)[LOCAL_HEADS] = local_heads
         vars(module)[BASE_ATTENTION] = _eager_attention(model, module) if eager else sdpa_attention_forward
         absorbs = is_latent(module) and not eager and hasattr(module, "expand_kv")
         if absorbs and EXPAND_LATENT not in vars(module):

@@ -1,7 +1,9 @@
 """The engine under tensor parallel: a model split across ranks by transformers' TP plan gives each rank's
 attention its own share of the heads, and the engine selects, rings and evicts on those; what is decided
 across heads (speculative prefill's token importance) is averaged over the ranks here, so that every rank
-takes the decision the one-device model takes. Which world a run has is :mod:`snapeval.models.parallel`'s.
+takes the decision the one-device model takes; how many query heads a rank's attention computes is read
+off the model (:func:`query_heads_here`: a family's plan splits them or keeps them whole). Which world a
+run has is :mod:`snapeval.models.parallel`'s.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 
 def tp_degree(model: Any) -> int:
@@ -39,3 +42,20 @@ def tp_group(model: Any) -> Any:
     if "tp" in names:
         return mesh["tp"].get_group()
     return mesh.get_group() if mesh.ndim == 1 else None
+
+
+def query_heads_here(model: Any, keyword: str) -> int | None:
+    """The query heads each attention module of a model split across ranks computes on this rank (None on
+    one device: the config's): its cached KV heads, read off a one-token forward (the cache passed as
+    ``keyword``), times the GQA group. A family's TP plan splits heads (Llama: q/k/v colwise) or keeps
+    them whole on every rank (Phi-3's gathered qkv_proj; GPT-OSS, which splits its experts alone), so the
+    config and the degree do not tell."""
+    if tp_degree(model) == 1:
+        return None
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    probe = DynamicCache(config=model.config)
+    with torch.no_grad():
+        ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+        model(input_ids=ids, **{keyword: probe})
+    return probe.layers[0].keys.shape[1] * (heads // (getattr(config, "num_key_value_heads", None) or heads))
