@@ -27,6 +27,11 @@ MLA_LATENT_CACHE = "5.15.0"
 """The first transformers whose MLA attention (DeepSeek-V3 and its kin) hands the cache its latent and
 rotary key, which the engine selects from; before it the cache took per-head keys and values."""
 
+MOE_TENSOR_PARALLEL = "5.24.0"
+"""The first transformers whose tensor-parallel plans split a mixture of experts exactly here (Qwen3-MoE,
+GPT-OSS on 2 gloo ranks: tests/test_tensor_parallel.py); at 5.2.0 Qwen3-MoE's TP answers differ from
+its one-device answers and GPT-OSS does not load on CPU. Releases between are untested."""
+
 CACHE_PARAMETERS = ("cache", "past_key_values")
 """The names under which transformers hands a cache to a model and its attention modules: ``cache`` from
 5.24 on, ``past_key_values`` before (a deprecated alias from 5.24, to go in 5.40)."""

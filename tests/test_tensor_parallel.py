@@ -23,6 +23,7 @@ import pytest
 import torch
 import transformers
 
+from snapeval.couplings import MOE_TENSOR_PARALLEL, at_least
 from snapeval.errors import SnapevalError
 from snapeval.models.parallel import (
     World,
@@ -34,9 +35,11 @@ from snapeval.models.parallel import (
 from tests import tensor_parallel_worker as worker
 from tests.families import FAMILIES
 
-TP_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "phi4_mini", "gpt_oss")
+TP_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "phi4_mini") + (
+    ("gpt_oss",) if at_least(MOE_TENSOR_PARALLEL) else ()  # below, refused: a test here shows why
+)
 """Families whose plan splits attention heads, and two whose plan keeps them whole on every rank (Phi-3's
-gathered qkv_proj; GPT-OSS, which splits its experts alone)."""
+gathered qkv_proj; GPT-OSS, which splits its experts alone, from the release that splits them exactly)."""
 WORKER = Path(worker.__file__)
 TOLERANCE = 1e-5  # of the largest logit
 TIMEOUT_S = 240
@@ -138,6 +141,14 @@ def test_refusals_read_from_the_config_alone():
     with pytest.raises(SnapevalError, match=r"^model\.tp: falcon: transformers has no tensor-parallel plan"):
         check_tensor_parallel(falcon, 2)
     check_tensor_parallel(transformers.Gemma3Config(), 2)  # a multimodal wrapper: its text model's plan
+    moe = transformers.Qwen3MoeConfig(num_attention_heads=4, num_key_value_heads=2)
+    if at_least(MOE_TENSOR_PARALLEL):
+        check_tensor_parallel(moe, 2)
+    else:
+        with pytest.raises(
+            SnapevalError, match=r"^model\.tp: qwen3_moe: tensor parallel over its 128 experts"
+        ):
+            check_tensor_parallel(moe, 2)
 
 
 def test_the_world_is_torchruns():

@@ -9,8 +9,10 @@ starts the process group (NCCL on CUDA, gloo on CPU) with a timeout and binds a 
 
 :func:`check_tensor_parallel` refuses, in one line and before any weight loads, what TP cannot split: a
 family whose config class carries no TP plan, head counts the world does not divide (each rank must hold
-whole KV heads and their whole GQA groups), and MLA (DeepSeek-V2/V3: its shared latent is one cache head
-that cannot be split; replicating it on every rank is not measured here, so it is refused).
+whole KV heads and their whole GQA groups), MLA (DeepSeek-V2/V3: its shared latent is one cache head
+that cannot be split; replicating it on every rank is not measured here, so it is refused), and a mixture
+of experts below the transformers release whose plans split experts exactly here
+(:data:`snapeval.couplings.MOE_TENSOR_PARALLEL`).
 
 Only the writer (rank 0, :func:`is_writer`) writes results; the others compute alongside it.
 Importing this module loads no torch.
@@ -26,9 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from snapeval.couplings import MOE_TENSOR_PARALLEL, at_least, transformers_version
 from snapeval.errors import SnapevalError
 
 TIMEOUT_S = 600  # a collective that waits longer than this on a peer ends the rank (NCCL/gloo timeout)
+EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")  # how configs name a MoE's experts
 FIELD = "model.tp"  # what a refusal names: the launcher's world, as a TP degree
 
 
@@ -91,6 +95,13 @@ def check_tensor_parallel(config: Any, size: int) -> None:
         raise SnapevalError(
             f"{family}: MLA caches one latent head shared by all query heads, which tensor parallel cannot "
             f"split across {size} ranks (run it on one device)",
+            FIELD,
+        )
+    experts = next((getattr(text, name) for name in EXPERT_COUNTS if getattr(text, name, None)), None)
+    if experts and not at_least(MOE_TENSOR_PARALLEL):
+        raise SnapevalError(
+            f"{family}: tensor parallel over its {experts} experts is exact from transformers "
+            f"{MOE_TENSOR_PARALLEL} (installed: {transformers_version()}); upgrade it or run on one device",
             FIELD,
         )
     if not tp_plan(config):
