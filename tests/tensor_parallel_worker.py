@@ -1,8 +1,9 @@
 """What tests/test_tensor_parallel.py runs on every rank (``torchrun ... tests/tensor_parallel_worker.py``)
 and, in a world of one, in the test's own process: every method on the one-by-one generator, the
-continuous batcher (each method alone, and every method in rows of one shared prefill) and R-KV's
-decode-time eviction, on the tiny models saved in the folders it is given. Each rank saves
-``rank<r>.pt``: (family, method, path) -> (tokens, the logits of every forward's last position).
+continuous batcher (each method alone, and every method in rows of one shared prefill), R-KV's
+decode-time eviction and sampled decoding (SnapStream; each rank draws from the same gathered logits), on
+the tiny models saved in the folders it is given. Each rank saves ``rank<r>.pt``: (family, method, path)
+-> (tokens, the logits of every forward's last position).
 
 ``python tests/tensor_parallel_worker.py OUT FOLDER...`` (under torchrun: ``--nproc-per-node 2``).
 """
@@ -10,6 +11,7 @@ decode-time eviction, on the tiny models saved in the folders it is given. Each 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -21,6 +23,7 @@ if str(ROOT) not in sys.path:  # run as a script by torchrun
 from snapeval.cache import build_cache, install  # noqa: E402
 from snapeval.decode.continuous import ContinuousBatcher, Request  # noqa: E402
 from snapeval.decode.generation import generate  # noqa: E402
+from snapeval.decode.sampling import Sampling  # noqa: E402
 from snapeval.errors import SnapevalError  # noqa: E402
 from snapeval.models.parallel import (  # noqa: E402
     check_tensor_parallel,
@@ -31,8 +34,8 @@ from snapeval.models.parallel import (  # noqa: E402
 )
 
 VOCAB = 512
-PROMPT_LENGTH = 160
-NEW_TOKENS = 12
+PROMPT_LENGTH = 128
+NEW_TOKENS = 10
 SETTINGS = {
     "full": {"method": "full"},
     "streaming_llm": {"method": "streaming_llm", "budget": 64, "sinks": 4},
@@ -43,9 +46,12 @@ SETTINGS = {
     "speculative_prefill": {"method": "speculative_prefill", "budget": 80, "window": 8, "chunk": 16},
     "rkv": {"method": "rkv", "budget": 48, "buffer": 4, "window": 4, "kernel": 5, "mix_lambda": 0.9},
 }
-"""Every built-in method but kvpress (an optional extra), each evicting from the 160-token prompt; R-KV
+"""Every built-in method but kvpress (an optional extra), each evicting from the 128-token prompt; R-KV
 re-selects every 4 decoded tokens, from scores led by its recorded queries (``mix_lambda`` 0.9), so that
 a rank whose recorded queries are not its own heads' answers otherwise."""
+
+
+SAMPLED = Sampling(do_sample=True, temperature=0.9, top_p=0.95, seed=7)
 
 
 def prompt(seed: int = 1) -> list[int]:
@@ -87,6 +93,11 @@ def run_family(model, settings: dict[str, dict]) -> dict[tuple[str, str], tuple[
         runs[method, "batcher"] = (tokens, tap.take())
     requests = [Request(tuple(ids), params, NEW_TOKENS, tag=m) for m, params in settings.items()]
     runs["every method", "batcher rows, shared prefill"] = (batch(model, requests), tap.take())
+    params = settings.get("snapstream", next(iter(settings.values())))  # sampled: every rank draws alike
+    tokens = generate(model, ids, build_cache(params), NEW_TOKENS, set(), SAMPLED).tokens
+    runs["snapstream sampled", "generate"] = (tokens, tap.take())
+    requests = [Request(tuple(ids), params, NEW_TOKENS, replace(SAMPLED, seed=s), tag=s) for s in (1, 2)]
+    runs["snapstream sampled", "batcher rows"] = (batch(model, requests), tap.take())
     return runs
 
 

@@ -5,7 +5,8 @@ loaded on one process.
 
 * Every method (kvpress aside: an optional extra) answers under TP=2 token for token as under TP=1, with
   logits within 1e-5 of the largest, on both ranks: the one-by-one generator, the continuous batcher with
-  each method alone, every method in rows of one shared prefill, and R-KV re-selecting while decoding.
+  each method alone, every method in rows of one shared prefill, R-KV re-selecting while decoding, and
+  sampled decoding (the generator, and batcher rows of two seeds).
   Each method evicts (its logits move off the full cache's), so the equality is not that of full caches.
 * A head count the world does not divide is refused in one line on every rank, exit 2, before weights load;
   so are MLA and a family without a TP plan (from the config alone).
@@ -80,7 +81,7 @@ def runs(tmp_path_factory):
 def test_every_method_under_tp2_answers_as_under_tp1_on_every_rank(runs, family):
     single, ranks = runs
     keys = [key for key in single if key[0] == family]
-    assert len(keys) == 2 * len(worker.SETTINGS) + 1
+    assert len(keys) == 2 * len(worker.SETTINGS) + 3
     for rank, split in enumerate(ranks):
         for key in keys:
             (tokens, logits), (got_tokens, got_logits) = single[key], split[key]
