@@ -151,9 +151,9 @@ def test_rows_re_select_as_the_one_by_one_path_does_and_a_grid_shares_the_prefil
         for n, rule in enumerate(RULES)
     ]
     got = answers_equal_alone(tiny_llama, requests + twins)
-    evicting = [got[r.tag] for r in requests + twins if r.cache["method"] == TOY]
+    evicting = [got[r.tag] for r in requests + twins if r.cache.method == TOY]
     assert all(len(answer.evictions) >= 3 for answer in evicting)
     assert all(0 < answer.kept_generated_share < 1 for answer in evicting)
     assert all(answer.ring_wraps == 0 for answer in evicting)  # a full row re-selects, it never wraps
-    full = [got[r.tag] for r in requests if r.cache["method"] == "full"]
+    full = [got[r.tag] for r in requests if r.cache.is_full]
     assert all(answer.evictions == () and answer.kept_generated_share is None for answer in full)

@@ -123,7 +123,7 @@ def test_a_runner_request_equals_the_lm_eval_request_for_the_same_prompt(
         assert 480 <= len(ours.prompt_ids) <= 512
         assert ours.sampling == theirs.sampling == Sampling(seed=seed)
         assert ours.stop_ids == theirs.stop_ids == {tokenizer.eos_token_id, end_of_turn(tokenizer)}
-        assert ours.cache["method"] == theirs.cache["method"] == "full"
+        assert ours.cache.is_full and theirs.cache.is_full
         assert replace(ours, tag=None, cache=FULL) == replace(theirs, tag=None)
 
 

@@ -355,4 +355,4 @@ def test_batched_rows_and_a_grid_of_settings_answer_as_one_by_one(tiny_llama):
         for n, cache in enumerate([*settings, {"method": "full"}]):
             requests.append(Request(ids, cache, 30, sampling, tag=(index, n)))
     got = answers_equal_alone(tiny_llama, requests)
-    assert all(len(got[r.tag].evictions) >= 2 for r in requests if r.cache["method"] == "rkv")
+    assert all(len(got[r.tag].evictions) >= 2 for r in requests if r.cache.method == "rkv")

@@ -16,6 +16,7 @@ loaded on one process.
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,33 @@ def test_the_world_is_torchruns():
     arguments = tp_load_arguments(World(2, 0, 0))
     plan = arguments.get("tp_plan") or arguments["distributed_config"].tp_plan
     assert plan == "auto"
+
+
+RUN = ("run.limit=2", "task.context_length=512", "cache=snapstream", "cache.budget=128", "run.progress=false")
+
+
+def test_a_tp2_run_stores_the_rows_of_a_tp1_run_and_rank_0_alone_writes(tiny_llama_overrides, tmp_path):
+    """``torchrun --nproc-per-node 2 -m snapeval ...``: the same samples (outputs, scores, tokens) as the
+    one-process command, under the same config hash; runs record their TP degree; only rank 0 prints."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    overrides = [*tiny_llama_overrides, *RUN]
+    single = [sys.executable, "-m", "snapeval", *overrides, f"run.db={tmp_path / 'tp1.db'}"]
+    done = subprocess.run(single, capture_output=True, text=True, timeout=TIMEOUT_S, env=environment)
+    assert done.returncode == 0, done.stderr[-3000:]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += [f"--log-dir={tmp_path / 'logs'}", "--redirects=3", "-m", "snapeval", *overrides]
+    command.append(f"run.db={tmp_path / 'tp2.db'}")
+    split = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=environment)
+    assert split.returncode == 0, split.stderr[-3000:]
+    printed = {log.parent.name: log.read_text() for log in (tmp_path / "logs").rglob("stdout.log")}
+    assert "random-llama" in printed["0"] and printed["1"] == ""
+    columns = "sample_id, config_hash, output, score, prompt_tokens, generated_tokens"
+    stored = {}
+    for name in ("tp1", "tp2"):
+        with sqlite3.connect(tmp_path / f"{name}.db") as db:
+            stored[name] = (
+                db.execute(f"SELECT {columns} FROM samples ORDER BY sample_id").fetchall(),
+                db.execute("SELECT status, tensor_parallel FROM runs").fetchall(),
+            )
+    assert len(stored["tp1"][0]) == 2 and stored["tp2"][0] == stored["tp1"][0]
+    assert stored["tp1"][1] == [("finished", 1)] and stored["tp2"][1] == [("finished", 2)]

@@ -25,6 +25,7 @@ from snapeval.decode.batch_rows import usable_rows
 from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
 from snapeval.decode.stops import stop_ids
 from snapeval.models import ModelSpec, attach_drafts, load_model
+from snapeval.models.parallel import is_writer
 from snapeval.results import ResultsDB, config_hash
 from snapeval.run.records import answer_text, sample_row
 from snapeval.run.requests import RequestBuilder, sample_seed, sampling
@@ -83,7 +84,7 @@ class Evaluation:
         self.progress = tqdm(
             total=sum(len(point.todo) for point in points),
             desc=f"{task.name} [{label}]",
-            disable=not cfg["run"]["progress"],
+            disable=not cfg["run"]["progress"] or not is_writer(),  # one bar: rank 0's under torchrun
         )
 
     def run(self, prompts: list[Prompt], lease_s: float) -> None:

@@ -208,11 +208,17 @@ def _utf8_bytes(task: Task, row: Mapping[str, Any]) -> int:
 def check_model(model: Mapping[str, Any]) -> None:
     """The model's config read (not its weights) with its ``config_overrides`` set and checked
     (:func:`snapeval.models.model_config`), when it has overrides or is a local folder (a GGUF model's
-    config takes seconds to convert: its own is not checked here)."""
+    config takes seconds to convert: its own is not checked here, but under torchrun, where the ranks
+    must be able to split the model: :func:`snapeval.models.parallel.check_tensor_parallel`)."""
     from snapeval.models import ModelSpec, model_config, resolve_pretrained
+    from snapeval.models.parallel import check_tensor_parallel, init_process_group, launcher_world
 
     spec = ModelSpec.from_config(model)
-    if spec.config_overrides or (Path(resolve_pretrained(spec.pretrained)) / "config.json").is_file():
+    world = launcher_world()
+    if world.parallel:  # under torchrun: a model the ranks cannot split is refused here, on every rank
+        init_process_group(world)  # so that each rank's one line is printed before any rank ends
+        check_tensor_parallel(model_config(spec), world.size)
+    elif spec.config_overrides or (Path(resolve_pretrained(spec.pretrained)) / "config.json").is_file():
         model_config(spec)
 
 

@@ -22,9 +22,11 @@ from sqlalchemy.exc import DBAPIError
 from snapeval.configs.setting import CacheSetting
 from snapeval.errors import SnapevalError
 from snapeval.models import ModelSpec, check_chat, load_tokenizer
+from snapeval.models.parallel import init_process_group, launcher_world
 from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
 from snapeval.results.connect import write_error
 from snapeval.results.leases import Lease
+from snapeval.results.mirror import open_results
 from snapeval.run.evaluation import Evaluation, Point
 from snapeval.run.plan import RunPlan, make_plan
 from snapeval.run.workers import shard, terminate_as_interrupt
@@ -68,7 +70,7 @@ def run(cfg: dict[str, Any]) -> list[RunSummary]:
     try:
         plan = make_plan(cfg)
     except SnapevalError as exc:
-        with contextlib.suppress(SnapevalError, DBAPIError), ResultsDB(cfg["run"]["db"]) as db:
+        with contextlib.suppress(SnapevalError, DBAPIError), results_db(cfg) as db:
             _record_failures(db, [(cfg, exc)])
         raise
     return execute(plan)
@@ -80,11 +82,20 @@ def execute(plan: RunPlan) -> list[RunSummary]:
     skipped, its error printed. Nothing is checked again. A write to the database that fails is a
     :class:`SnapevalError` on ``run.db`` (its runs closed as interrupted where the database lets them)."""
     cfg = plan.config
-    with ResultsDB(cfg["run"]["db"]) as db:
+    with results_db(cfg) as db:
         try:
             return _execute(plan, db)
         except DBAPIError as exc:
             raise write_error(exc, db.url) from None
+
+
+def results_db(cfg: Mapping[str, Any]) -> ResultsDB:
+    """The run's database: under torchrun opened by rank 0 alone, its answers broadcast to the other
+    ranks (:mod:`snapeval.results.mirror`), its runs recording the ranks the model is split across."""
+    world = launcher_world()
+    if world.parallel:
+        init_process_group(world)  # the database's answers travel over it, before the model loads
+    return open_results(cfg["run"]["db"], world.size, world.rank)
 
 
 def _execute(plan: RunPlan, db: ResultsDB) -> list[RunSummary]:
