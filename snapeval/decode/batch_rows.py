@@ -7,6 +7,11 @@ bytes are its keys and values (:meth:`snapeval.cache.slots.CachedShapes.kv_bytes
 stores, and the memory estimator's bytes per sequence) plus an 8-byte position per slot and KV head and a
 valid flag per ring slot (:func:`row_bytes`), its slots all counted by
 :func:`snapeval.configs.footprint.row_slots`.
+
+Under tensor parallel (torchrun) each rank holds its own share of KV heads, so :func:`row_bytes` of its
+shapes is a rank's row, and each rank reads its own free memory: the check reads the least free on any
+rank (:func:`agreed_free_bytes`), so that every rank refuses or allocates alike, never one rank alone
+(which would leave the others waiting in a collective).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from snapeval.cache.slots import CachedShapes
 from snapeval.configs.footprint import row_slots
@@ -61,12 +67,27 @@ def free_bytes(device: torch.device) -> int | None:
         return None
 
 
+def agreed_free_bytes(device: torch.device) -> int | None:
+    """The least memory free (:func:`free_bytes`) on any rank of the process group, ``device`` being this
+    rank's (one all-reduce on it); this rank's own figure outside a process group of more than one. A rank
+    that cannot tell leaves the others' figure; None where no rank can tell."""
+    free = free_bytes(device)
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() <= 1:
+        return free
+    unknown = torch.iinfo(torch.int64).max
+    least = torch.tensor([unknown if free is None else free], dtype=torch.int64, device=device)
+    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    agreed = int(least.item())
+    return None if agreed == unknown else agreed
+
+
 def check_rows_fit(plan: Sequence[tuple[int, int]], shapes: CachedShapes, device: torch.device) -> None:
     """Refuse rows in ``plan`` (capacity, rows per class of rows) of a model caching ``shapes`` that the
-    memory free on ``device`` cannot hold (:func:`row_bytes`)."""
+    memory free on ``device`` cannot hold (:func:`row_bytes`); under tensor parallel, the least free on
+    any rank (:func:`agreed_free_bytes`), so that every rank decides alike."""
     rows = sum(count for _, count in plan)
     total = sum(count * row_bytes(capacity, shapes) for capacity, count in plan)
-    free = free_bytes(device)
+    free = agreed_free_bytes(device)
     if free is None or total <= free:
         return
     gib, per_row = 2**30, total / rows

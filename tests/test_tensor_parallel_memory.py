@@ -1,0 +1,106 @@
+"""Memory per rank under tensor parallel (issue 47, item 4), on 2 gloo ranks
+(``torchrun --standalone --nproc-per-node 2 tests/tensor_parallel_memory_worker.py``):
+
+* The batcher's pre-flight check decides alike on every rank when the ranks read different free memory:
+  each rank is told its own figure, and both refuse, or both allocate, on the least free of any rank (a
+  rank that refuses alone would leave the other waiting in a collective).
+* The memory estimator's ``tp`` and a run's world agree on one model: a tiny random Llama of 8 query and
+  4 KV heads, saved with ``save_pretrained``; the ``kv_bytes`` each rank stores for a row of a TP=2 run
+  is the estimator's bytes per sequence per socket at ``tp=2`` (half of TP=1's, which is ``tp=1``'s), and
+  the check's bytes of a row on a rank are those KV bytes, the rank's positions and the row's valid flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import transformers
+
+from snapeval.decode import batch_rows
+from snapeval.memory import estimate, kv_bytes_per_sequence
+from snapeval.memory.geometry import load_geometry
+from snapeval.memory.kv import kv_heads_per_rank
+from tests import tensor_parallel_memory_worker as worker
+
+WORKER = Path(worker.__file__)
+TIMEOUT_S = 240
+KV_DTYPE = "fp32"  # the tiny model's
+HARDWARE = "h100"  # any profile: the bytes of a sequence do not depend on it
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """A tiny random Llama of 8 query and 4 KV heads (head_dim 8, 2 layers), saved."""
+    config = transformers.LlamaConfig(
+        vocab_size=worker.VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=8,
+    )
+    folder = tmp_path_factory.mktemp("tensor_parallel_memory") / "llama"
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ranks(folder) -> list[dict]:
+    """What each of 2 ranks reports (tests/tensor_parallel_memory_worker.py)."""
+    out = folder.parent / "tp2"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += [f"--log-dir={out / 'logs'}", "--redirects=3", str(WORKER), str(out), str(folder)]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=environment)
+    logs = "\n".join(log.read_text()[-2000:] for log in sorted((out / "logs").rglob("std*.log")))
+    assert done.returncode == 0, done.stderr[-3000:] + logs
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def test_the_check_decides_alike_on_ranks_that_read_different_free_memory(ranks):
+    first, second = (rank["decisions"] for rank in ranks)
+    assert first == second
+    assert first["both plenty"] == "fits"
+    for case in ("rank 1 short", "rank 0 short", "rank 1 cannot tell"):  # the least free of any rank
+        assert first[case].startswith("run.batch_size: 4 rows of 64 slots take"), (case, first[case])
+        assert "not even one fits" in first[case]
+
+
+def test_the_estimators_tp_gives_the_kv_bytes_a_tp2_run_stores_per_rank(ranks, folder, tmp_path):
+    geometry = load_geometry(str(folder))
+    single = worker.main(str(tmp_path), str(folder))["rows"]  # a world of one, in this process
+    assert single["kv_heads"] == 4
+    prompt, decoded = worker.PROMPT_LENGTH, worker.NEW_TOKENS - 1  # the last token is never fed
+    for tp, rows_of_ranks in ((1, [single]), (2, [rank["rows"] for rank in ranks])):
+        for rank, rows in enumerate(rows_of_ranks):
+            where = f"TP={tp}, rank {rank}"
+            stored = rows["kv_bytes"]
+            assert rows["kv_heads"] == kv_heads_per_rank(geometry.num_kv_heads, tp), where
+            if tp == 2:
+                assert stored == {tag: got // 2 for tag, got in single["kv_bytes"].items()}, where
+            # a full row holds the prompt and the tokens it fed
+            full = estimate(geometry, HARDWARE, context=prompt + decoded, tp=tp, kv_dtype=KV_DTYPE)
+            assert stored["full"] == full.kv_bytes_per_sequence_full_per_socket, where
+            for method in ("streaming_llm", "rkv", "snapkv"):
+                budget = worker.SETTINGS[method]["budget"]
+                rank_row = estimate(
+                    geometry, HARDWARE, context=prompt, tp=tp, method=method, budget=budget, kv_dtype=KV_DTYPE
+                )
+                expected = rank_row.kv_bytes_per_sequence_compressed_per_socket
+                if method == "snapkv":  # its row grows past the budget by the tokens it decodes
+                    expected += decoded * rank_row.kv_bytes_per_token_per_socket
+                assert stored[method] == expected, (where, method)
+            for tag, slots in rows["slots"].items():  # the check's row: KV bytes, positions, valid flags
+                kv = kv_bytes_per_sequence(geometry, slots, KV_DTYPE, tp=tp)
+                positions = slots * geometry.num_layers * rows["kv_heads"] * batch_rows.POSITION_BYTES
+                flags = slots * batch_rows.FLAG_BYTES  # one ring of the row's slots: every layer is full
+                assert rows["row_bytes"][tag] == kv + positions + flags, (where, tag)
+                assert rows["row_bytes"][tag] >= stored[tag], (where, tag)
