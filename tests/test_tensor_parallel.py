@@ -15,6 +15,7 @@ loaded on one process.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -185,13 +186,24 @@ def test_a_tp2_run_stores_the_rows_of_a_tp1_run_and_rank_0_alone_writes(tiny_lla
     assert split.returncode == 0, split.stderr[-3000:]
     printed = {log.parent.name: log.read_text() for log in (tmp_path / "logs").rglob("stdout.log")}
     assert "random-llama" in printed["0"] and printed["1"] == ""
-    columns = "sample_id, config_hash, output, score, prompt_tokens, generated_tokens"
+    # every column of a sample but its seconds and memory (run metadata); kv_bytes is a rank's share
+    columns = "sample_id, config_hash, prompt_tokens, output, target, score, metrics, generated_tokens, extra"
     stored = {}
     for name in ("tp1", "tp2"):
         with sqlite3.connect(tmp_path / f"{name}.db") as db:
             stored[name] = (
                 db.execute(f"SELECT {columns} FROM samples ORDER BY sample_id").fetchall(),
                 db.execute("SELECT status, tensor_parallel FROM runs").fetchall(),
+                db.execute("SELECT kv_bytes FROM samples ORDER BY sample_id").fetchall(),
             )
-    assert len(stored["tp1"][0]) == 2 and stored["tp2"][0] == stored["tp1"][0]
+    assert len(stored["tp1"][0]) == 2
+    for tp2_row, tp1_row in zip(stored["tp2"][0], stored["tp1"][0], strict=True):
+        for name, tp2_value, tp1_value in zip(columns.split(", "), tp2_row, tp1_row, strict=True):
+            if name != "extra":
+                assert tp2_value == tp1_value, f"{name}: {tp2_value} != {tp1_value}"
+        tp2_extra, tp1_extra = json.loads(tp2_row[-1]), json.loads(tp1_row[-1])  # the kept histogram: a
+        tp2_counts, tp1_counts = tp2_extra.pop("kept_histogram"), tp1_extra.pop("kept_histogram")  # mean
+        assert tp2_extra == tp1_extra and tp2_counts["bins"] == tp1_counts["bins"]  # over ranks' heads
+        assert tp2_counts["counts"] == pytest.approx(tp1_counts["counts"], abs=1e-6)
     assert stored["tp1"][1] == [("finished", 1)] and stored["tp2"][1] == [("finished", 2)]
+    assert [2 * per_rank for (per_rank,) in stored["tp2"][2]] == [whole for (whole,) in stored["tp1"][2]]

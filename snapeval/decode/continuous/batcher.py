@@ -22,7 +22,7 @@ from snapeval.decode.batch_rows import check_rows_fit
 from snapeval.decode.continuous.classes import RowClasses, plan_classes
 from snapeval.decode.continuous.compiled import compile_step, compiles, pin_for_cuda_graphs
 from snapeval.decode.continuous.prefills import Prefill, fill
-from snapeval.decode.continuous.rows import Row, RowSampling, answer_of, load_row
+from snapeval.decode.continuous.rows import Row, RowSampling, across_ranks, answer_of, load_row
 from snapeval.decode.continuous.work import Answer, Request
 from snapeval.decode.generation import take_token
 from snapeval.decode.sampling import sample_one, sample_tokens
@@ -198,7 +198,7 @@ class _Run:
         """Free row ``index``, hand its answer on, and queue first the follow-ups it brings."""
         row = self.rows[index]
         self.rows[index] = None
-        answer = answer_of(self.batcher.slots, index, row, stopped)
+        answer = across_ranks(answer_of(self.batcher.slots, index, row, stopped), self.batcher.model)
         self.enqueue(list(self.on_answer(answer) or []), first=True)
 
     def pending(self) -> bool:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from snapeval.cache import SnapevalCache
 from snapeval.cache.eviction import Eviction
+from snapeval.cache.tensor_parallel import mean_over_ranks, tp_degree
 from snapeval.decode.continuous.classes import RowClasses
 from snapeval.decode.continuous.prefills import Prefill
 from snapeval.decode.continuous.work import Answer, Request
@@ -108,6 +109,16 @@ def load_row(slots: RowClasses, index: int, request: Request, prefill: Prefill, 
         eviction=eviction,
         held=full.filled,
     )
+
+
+def across_ranks(answer: Answer, model: torch.nn.Module) -> Answer:
+    """``answer`` as the model on one device gives it: under tensor parallel a rank's kept histogram is
+    over its own KV heads, so it is averaged over the ranks (every rank holds as many)."""
+    if answer.kept_histogram is None or tp_degree(model) == 1:
+        return answer
+    counts = torch.tensor(answer.kept_histogram["counts"], dtype=torch.float64, device=model.device)
+    averaged = mean_over_ranks(counts, model).tolist()
+    return replace(answer, kept_histogram={**answer.kept_histogram, "counts": averaged})
 
 
 def answer_of(slots: RowClasses, row_index: int, row: Row, stopped: str) -> Answer:
