@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from snapeval.cli import keep_interrupts, report
+from snapeval.cli import EXIT_BAD_INPUT, error_line, keep_interrupts, report
 from snapeval.configs import legacy
 from snapeval.configs.check import check, check_choices
 from snapeval.configs.compose import compose_job, plain
@@ -81,6 +81,11 @@ def run_job(config: dict[str, Any], plan: RunPlan | None, multirun: bool) -> int
         code = report(exc)
         return 0 if multirun else code
     except Exception as exc:
+        from snapeval.models.parallel import lost_peer
+
+        if (lost := lost_peer(exc)) is not None:  # under torchrun: no barrier with a peer gone
+            print(error_line(lost), file=sys.stderr, flush=True)
+            return EXIT_BAD_INPUT
         if not multirun:
             raise
         print(f"error: this point failed ({type(exc).__name__}: {exc}); the sweep goes on", file=sys.stderr)

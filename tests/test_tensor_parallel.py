@@ -207,3 +207,46 @@ def test_a_tp2_run_stores_the_rows_of_a_tp1_run_and_rank_0_alone_writes(tiny_lla
         assert tp2_counts["counts"] == pytest.approx(tp1_counts["counts"], abs=1e-6)
     assert stored["tp1"][1] == [("finished", 1)] and stored["tp2"][1] == [("finished", 2)]
     assert [2 * per_rank for (per_rank,) in stored["tp2"][2]] == [whole for (whole,) in stored["tp1"][2]]
+
+
+def test_a_rank_killed_mid_run_ends_the_other_in_one_line_with_every_stored_sample_whole(
+    tiny_llama_overrides, tmp_path
+):
+    """Rank 1 of a TP=2 run killed (SIGKILL) once rank 0 has stored a sample: rank 0 ends in one line (a
+    lost peer, or torchrun's SIGTERM: interrupted), never a traceback; its run is closed, and every
+    stored sample is whole."""
+    import signal
+    import time
+
+    import psutil
+
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    db = tmp_path / "tp2.db"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += [f"--log-dir={tmp_path / 'logs'}", "--redirects=3", "-m", "snapeval", *tiny_llama_overrides]
+    command += [*RUN[1:], "run.limit=12", "task.max_new_tokens=48", "run.batch_size=1", f"run.db={db}"]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline and launcher.poll() is None:
+        try:
+            with sqlite3.connect(db) as connection:
+                if connection.execute("SELECT count(*) FROM samples").fetchone()[0]:
+                    break
+        except sqlite3.Error:
+            pass
+        time.sleep(0.2)
+    ranks = {
+        child.environ().get("RANK"): child
+        for child in psutil.Process(launcher.pid).children(recursive=True)
+        if "snapeval" in " ".join(child.cmdline())
+    }
+    ranks["1"].send_signal(signal.SIGKILL)
+    launcher.communicate(timeout=TIMEOUT_S)
+    rank0 = next((tmp_path / "logs").rglob("0/stderr.log")).read_text()
+    lines = [line for line in rank0.splitlines() if line.startswith(("error:", "interrupted:"))]
+    assert len(lines) == 1 and "Traceback" not in rank0, rank0[-3000:]
+    assert "rank 0 of 2" in lines[0] or lines[0].startswith("interrupted:"), lines
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT status FROM runs").fetchone()[0] in ("failed", "interrupted")
+        rows = connection.execute("SELECT output, score, generated_tokens FROM samples").fetchall()
+    assert 1 <= len(rows) < 12 and all(None not in row for row in rows)

@@ -175,6 +175,30 @@ def _destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
+LOST_PEER_WORDS = ("gloo", "NCCL", "Connection closed", "Connection reset", "timed out", "Timeout")
+"""Words of the errors torch.distributed raises when a peer is gone (a broken connection, a timeout)."""
+
+
+def lost_peer(error: BaseException) -> SnapevalError | None:
+    """The one line of a rank whose tensor-parallel peers are gone: ``error`` is a collective's timeout or
+    a broken connection (:data:`TIMEOUT_S`); None for any other error, or outside tensor parallel. No
+    barrier follows it: the peers it would wait for are gone."""
+    world = launcher_world()
+    if not world.parallel or "torch.distributed" not in sys.modules:
+        return None
+    import torch.distributed as dist
+
+    text = str(error).strip()
+    if not isinstance(error, getattr(dist, "DistError", ())) and not any(w in text for w in LOST_PEER_WORDS):
+        return None
+    cause = text.splitlines()[0][:160] if text else type(error).__name__
+    return SnapevalError(
+        f"rank {world.rank} of {world.size}: a peer of the tensor-parallel run is gone or timed out "
+        f"({cause}); the run is closed as failed, every stored sample whole",
+        FIELD,
+    )
+
+
 def end_together(error: SnapevalError) -> NoReturn:
     """End this rank on ``error``, a refusal every rank reaches alike (one taken from the config): its one
     line on stderr, then a barrier, so that no rank ends (and has the launcher stop the others) before
