@@ -7,6 +7,7 @@ import base64
 import importlib.metadata
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -240,6 +241,66 @@ def test_memory_per_sequence_and_rows_from_the_estimator(document):
     assert row[1:3] == (binary_size(compressed), f"{int(hbm.kv_available // compressed):,}")
     left_out = [b.text for b in section(document, "acme/tiny-base · aime24") if isinstance(b, Paragraph)]
     assert any("left out" in line and "no config for acme/tiny-base" in line for line in left_out)
+
+
+def capacity_rows(tp: int, ratio: float) -> tuple[str, ...]:
+    """The estimator's KV bytes per sequence on one rank and rows per socket at ``tp``, ``ratio`` times
+    the full cache's: what the report's capacity table shows."""
+    hardware = ("h100", "h200", "sn40l")
+    estimates = [estimate("llama-3.1-8b-instruct", hw, context=1024, tp=tp) for hw in hardware]
+    columns = [(e.kv_bytes_per_sequence_full_per_socket * ratio, t) for e in estimates for t in e.tiers]
+    return (
+        binary_size(columns[0][0]),
+        *(f"{int(tier.kv_available // kv):,}" for kv, tier in columns if tier.name != "onchip"),
+    )
+
+
+def test_capacity_at_the_tensor_parallel_degree_the_runs_recorded(tmp_path, capsys):
+    """Runs split over 2 ranks (``runs.tensor_parallel`` 2) size the table at tp=2: a rank's KV heads and
+    half the weights, the estimator's rows at tp=2 and not tp=1. A compressed setting run at tp=1 against
+    the full cache's tp=2 runs is not sized (its KV ratio mixes a rank's share with the whole), and the
+    table is sized at the largest degree. NULL (a run from before TP) is tp=1."""
+    url = database_url(tmp_path / "tp.sqlite")
+    with ResultsDB(url, tensor_parallel=2) as db:
+        store(db, [*PASSKEY, "cache=full"], FULL, KV_BYTES["full"] // 2)
+        store(db, [*PASSKEY, "cache=snapstream", "cache.budget=256"], SNAPSTREAM[256], KV_BYTES[256] // 2)
+        document = build_report(db, (0.95,), figures=False)
+    [memory] = [t for t in tables(document, "llama-3.1-8b-instruct") if t.header[0] == "Cache"]
+    assert memory.header[1] == "KV per sequence, one rank"
+    ratio = KV_BYTES[256] / KV_BYTES["full"]
+    assert row_of(memory, "Full cache")[1:] == capacity_rows(2, 1.0)
+    assert row_of(memory, "SnapStream 256 (meets 0.95)")[1:] == capacity_rows(2, ratio)
+    assert capacity_rows(2, 1.0) != capacity_rows(1, 1.0)  # half the KV heads and weights per socket
+    assert row_of(memory, "Full cache")[1] == "64.00 MiB"  # 128 MiB over 2 ranks
+    said = [b.text for b in section(document, "KV memory per sequence") if isinstance(b, Paragraph)]
+    assert any("tp=2: the weights and KV heads split over 2 sockets, as the runs were" in t for t in said)
+
+    with ResultsDB(url) as db:  # a compressed setting at tp=1 beside the tp=2 full cache
+        store(db, [*PASSKEY, "cache=snapkv", "cache.budget=256"], SNAPSTREAM[256], KV_BYTES[256])
+        document = build_report(db, (0.95,), figures=False)
+    [memory] = [t for t in tables(document, "llama-3.1-8b-instruct") if t.header[0] == "Cache"]
+    assert row_of(memory, "Full cache")[1:] == capacity_rows(2, 1.0)
+    mixed = row_of(memory, "SnapKV 256 (meets 0.95)")
+    assert mixed[1] == Mark("KV measured at tp=1 against the full cache's at tp=2: not comparable", "muted")
+    said = [b.text for b in section(document, "KV memory per sequence") if isinstance(b, Paragraph)]
+    assert any("(runs at tp=1, 2: sized at the largest)" in t for t in said)
+
+    with sqlite3.connect(tmp_path / "tp.sqlite") as conn:  # every run from before TP
+        conn.execute("UPDATE runs SET tensor_parallel = NULL")
+    with ResultsDB(url) as db:
+        document = build_report(db, (0.95,), figures=False)
+    [memory] = [t for t in tables(document, "llama-3.1-8b-instruct") if t.header[0] == "Cache"]
+    assert memory.header[1] == "KV per sequence"
+    assert row_of(memory, "Full cache")[1:] == capacity_rows(1, 1.0)
+    said = [b.text for b in section(document, "KV memory per sequence") if isinstance(b, Paragraph)]
+    assert any("one socket (tp=1)" in t for t in said)
+
+    with sqlite3.connect(tmp_path / "tp.sqlite") as conn:  # a database from before the column
+        conn.execute("ALTER TABLE runs DROP COLUMN tensor_parallel")
+    out = tmp_path / "report.md"
+    assert main(["--db", url, "--out", str(out), "--markdown"]) == 0
+    markdown = out.read_text(encoding="utf-8")
+    assert "one socket (tp=1)" in markdown and "| Full cache | 128 MiB |" in markdown
 
 
 def test_provenance_traces_and_deviations(document, db_url):

@@ -15,7 +15,7 @@ from snapeval.memory import ModelGeometry, estimate, geometry_from_config
 from snapeval.memory.catalogue import shipped_config
 from snapeval.memory.estimate import MemoryEstimate
 from snapeval.report.analysis import Decision
-from snapeval.report.data import Experiment
+from snapeval.report.data import Experiment, Setting
 from snapeval.report.document import Block, Cell, Heading, Mark, Paragraph, Table, binary_size
 
 HARDWARE = ("h100", "h200", "sn40l")
@@ -53,7 +53,9 @@ def task_context(config: dict[str, Any], samples: list[dict[str, Any]]) -> tuple
 
 
 def capacity_blocks(experiment: Experiment, decisions: list[Decision]) -> list[Block]:
-    """The estimator's table for ``experiment``: the full cache and each setting that meets a target."""
+    """The estimator's table for ``experiment``: the full cache and each setting that meets a target, at
+    the TP degree its runs recorded (:func:`sized_degree`): a rank's KV bytes per sequence and the rows one
+    socket holds in what its shard of the weights leaves."""
     blocks: list[Block] = [Heading(3, "KV memory per sequence and rows per accelerator")]
     geometry, reason = catalogued_geometry(experiment.config)
     if geometry is None:
@@ -62,52 +64,94 @@ def capacity_blocks(experiment: Experiment, decisions: list[Decision]) -> list[B
     context, found = task_context(experiment.config, samples)
     if context is None:
         return [*blocks, Paragraph(f"Left out: the task's context is unknown ({found}).")]
+    tp, degree_text = sized_degree(experiment, geometry)
     try:
-        estimates = [estimate(geometry, hardware, context=context) for hardware in HARDWARE]
+        estimates = [estimate(geometry, hardware, context=context, tp=tp) for hardware in HARDWARE]
     except SnapevalError as error:
         return [*blocks, Paragraph(f"Left out: the memory estimator refused {context:,} tokens ({error}).")]
     columns = [(e, tier) for e in estimates for tier in e.tiers if tier.name != "onchip"]
     header = (
         "Cache",
-        "KV per sequence",
+        "KV per sequence" if tp == 1 else "KV per sequence, one rank",
         *(f"rows, {HARDWARE_NAMES[e.hardware]} {tier.label}" for e, tier in columns),
     )
-    full_bytes = estimates[0].kv_bytes_per_sequence_full
-    rows: list[tuple[Cell, ...]] = [_row("Full cache", full_bytes, columns)]
-    for label, ratio in _passing(decisions):
-        if math.isnan(ratio):
+    rows: list[tuple[Cell, ...]] = [_row("Full cache", 1.0, columns)]
+    full_degrees = experiment.full.tensor_parallel if experiment.full else ()
+    for label, setting, ratio in _passing(decisions):
+        mixed = full_degrees and setting.tensor_parallel != full_degrees
+        if mixed:
+            measured = (
+                f"KV measured at {_degrees(setting.tensor_parallel)} against the full cache's at "
+                f"{_degrees(full_degrees)}: not comparable"
+            )
+            rows.append((label, Mark(measured, "muted"), *("-" for _ in columns)))
+        elif math.isnan(ratio):
             rows.append((label, Mark("KV bytes not stored", "muted"), *("-" for _ in columns)))
         else:
-            rows.append(_row(label, full_bytes * ratio, columns))
+            rows.append(_row(label, ratio, columns))
     notes = sorted({note for e in estimates for note in e.notes})
     return [
         *blocks,
         Paragraph(
             f"{geometry.name} ({geometry.attention}, {geometry.num_layers} layers) at {context:,} tokens "
-            f"({found}); bf16 KV and weights, one socket (tp=1), KV in what the weights leave."
+            f"({found}); bf16 KV and weights, {degree_text}, KV in what the weights leave."
         ),
         Table(header, tuple(rows)),
         Paragraph(
             "A compressed row (the smallest budget meeting a target; the others are not sized here): the "
             "full cache's estimate times the KV bytes its runs held over the full cache's on the same "
-            "samples. Estimator notes: " + "; ".join(notes) + ".",
+            "samples (both a rank's, so TP leaves the ratio as it is). Estimator notes: "
+            + "; ".join(notes)
+            + ".",
             note=True,
         ),
     ]
 
 
-def _passing(decisions: list[Decision]) -> list[tuple[str, float]]:
-    """``(label, measured KV ratio)`` of each setting that is the smallest to meet a target, once."""
-    labels: dict[str, tuple[str, float, list[str]]] = {}
+def sized_degree(experiment: Experiment, geometry: ModelGeometry) -> tuple[int, str]:
+    """The TP degree the table is sized at and how the text says it: the largest its runs recorded.
+
+    One degree sizes the whole table, so that its rows compare. Runs of one experiment at different
+    degrees show that the model ran at each; the largest is the one its weights and cache needed (a model
+    split 8 ways because one socket could not hold it would show no row at a smaller degree), and the
+    smaller ones are named. A database from before TP (``tensor_parallel`` NULL) is sized at tp=1, one
+    socket, as it always was."""
+    degrees = experiment.tensor_parallel or (1,)
+    tp = max(degrees)
+    if tp == 1:
+        return 1, "one socket (tp=1)"
+    if geometry.attention == "mla":  # one latent per token: sharded or replicated, by the hardware
+        latent = "the MLA latent as the notes say"
+        text = f"tp={tp}: the weights split over {tp} sockets and {latent}, as the runs were"
+    else:
+        text = f"tp={tp}: the weights and KV heads split over {tp} sockets, as the runs were"
+    if len(degrees) > 1:
+        text += f" (runs at {_degrees(degrees)}: sized at the largest)"
+    return tp, text
+
+
+def _degrees(degrees: tuple[int, ...]) -> str:
+    return "tp=" + ", ".join(str(d) for d in degrees)
+
+
+def _passing(decisions: list[Decision]) -> list[tuple[str, Setting, float]]:
+    """``(label, setting, measured KV ratio)`` of each setting that is the smallest to meet a target, once."""
+    labels: dict[str, tuple[str, Setting, float, list[str]]] = {}
     for decision in decisions:
         if decision.passing is not None:
             setting = decision.passing.setting
             label = decision.series.labelled(setting)
-            entry = labels.setdefault(setting.digest, (label, decision.passing.kv_ratio, []))
-            entry[2].append(f"{decision.target:g}")
-    return [(f"{label} (meets {', '.join(targets)})", ratio) for label, ratio, targets in labels.values()]
+            entry = labels.setdefault(setting.digest, (label, setting, decision.passing.kv_ratio, []))
+            entry[3].append(f"{decision.target:g}")
+    return [
+        (f"{label} (meets {', '.join(targets)})", setting, ratio)
+        for label, setting, ratio, targets in labels.values()
+    ]
 
 
-def _row(label: str, kv_bytes: float, columns: list[tuple[MemoryEstimate, Any]]) -> tuple[Cell, ...]:
-    rows = (f"{int(tier.kv_available // kv_bytes):,}" for _, tier in columns)
-    return (label, binary_size(kv_bytes), *rows)
+def _row(label: str, ratio: float, columns: list[tuple[MemoryEstimate, Any]]) -> tuple[Cell, ...]:
+    """A row of ``ratio`` times the full cache's KV bytes per sequence on one rank: each hardware's own
+    (an MLA latent may be sharded on one and replicated on another)."""
+    per_rank = [(e.kv_bytes_per_sequence_full_per_socket * ratio, tier) for e, tier in columns]
+    rows = (f"{int(tier.kv_available // kv_bytes):,}" for kv_bytes, tier in per_rank)
+    return (label, binary_size(per_rank[0][0]), *rows)

@@ -55,6 +55,15 @@ class Setting:
         """Score per sample id, for the samples that have one."""
         return {row["sample_id"]: row["score"] for row in self.samples if row["score"] is not None}
 
+    @property
+    def tensor_parallel(self) -> tuple[int, ...]:
+        """The TP degrees (ranks the model was split across) of the runs that stored its samples, smallest
+        first; of all its runs where none stored one. A run's ``tensor_parallel`` column, 1 where NULL (a
+        run from before TP) or absent (a database older than the column)."""
+        storing = {row.get("run_id") for row in self.samples}
+        runs = [run for run in self.runs if run.get("id") in storing] or list(self.runs)
+        return tuple(sorted({run_degree(run) for run in runs}))
+
 
 @dataclass(frozen=True)
 class Series:
@@ -97,6 +106,18 @@ class Experiment:
         """Every setting with its label (``SnapKV 256``): the full cache (when stored), then each series."""
         full = [("Full cache", self.full)] if self.full else []
         return full + [(series.labelled(s), s) for series in self.series for s in series.settings]
+
+    @property
+    def tensor_parallel(self) -> tuple[int, ...]:
+        """The TP degrees of the runs behind every setting's samples (:attr:`Setting.tensor_parallel`),
+        smallest first: ``(1,)`` for a database from before TP."""
+        return tuple(sorted({tp for _, setting in self.labelled() for tp in setting.tensor_parallel}))
+
+
+def run_degree(run: Mapping[str, Any]) -> int:
+    """A stored run's TP degree: its ``tensor_parallel``, 1 where NULL or not stored."""
+    degree = run.get("tensor_parallel")
+    return degree if isinstance(degree, int) and not isinstance(degree, bool) and degree > 0 else 1
 
 
 def method_label(method: str) -> str:
