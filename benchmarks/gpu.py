@@ -12,7 +12,10 @@ API (``install``, ``build_cache``, ``ContinuousBatcher``, ``prefill_logits``), i
   the floor those take at the measured copy bandwidth, and the step's ratio to that floor;
 * exactness on a small float32 model on the same device: full cache == plain transformers, SnapStream
   at a budget holding the prompt == full, batched rows == each alone, compiled == eager, and the decode
-  attention's bits the same on re-run and whatever the other rows hold.
+  attention's bits the same on re-run and whatever the other rows hold;
+* loading: peak host memory while a saved random Llama loads onto the device (on CUDA at 8B width, 4
+  layers; on a CPU at the stand-in size), the old path (``from_pretrained`` then ``.to``) vs
+  ``load_model`` (``device_map``), each in a fresh process (``benchmarks/load_memory.py``).
 
     python benchmarks/gpu.py --smoke                                # CPU stand-in, ~1 min (CI)
     python benchmarks/gpu.py                                        # CUDA: 8k and 32k, 8B shape
@@ -27,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import platform
+import tempfile
 import time
 
+import load_memory
 import torch
 import transformers
 from tabulate import tabulate
@@ -53,10 +58,16 @@ LLAMA_8B = {  # Llama-3.1-8B's geometry
 STAND_IN = {**LLAMA_8B, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2}
 STAND_IN.update(num_attention_heads=8, num_key_value_heads=2, vocab_size=2048, max_position_embeddings=8192)
 SMALL = {**STAND_IN, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4}
+LOAD = {**LLAMA_8B, "num_hidden_layers": 4}  # loaded from disk on CUDA: ~1.9 B parameters, ~3.6 GiB bf16
 
 
 def build(shape: dict, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
     """A random-weight Llama of ``shape``, built on ``device`` in ``dtype``, with the engine installed."""
+    return install(random_llama(shape, dtype, device))
+
+
+def random_llama(shape: dict, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    """A random-weight Llama of ``shape``, built on ``device`` in ``dtype``."""
     torch.manual_seed(0)
     config = LlamaConfig(**shape, eos_token_id=None, bos_token_id=None, pad_token_id=None)
     previous = torch.get_default_dtype()
@@ -67,7 +78,22 @@ def build(shape: dict, dtype: torch.dtype, device: torch.device) -> torch.nn.Mod
     finally:
         torch.set_default_dtype(previous)
     model.generation_config.eos_token_id = None
-    return install(model)
+    return model
+
+
+def load_rows(shape: dict, dtype: torch.dtype, device: torch.device) -> list[list]:
+    """Peak host memory while a saved random Llama of ``shape`` loads onto ``device``: the old path
+    (``from_pretrained`` onto the host, then ``.to``) vs ``load_model`` (``device_map``), each in a fresh
+    process (``benchmarks/load_memory.py``)."""
+    with tempfile.TemporaryDirectory() as folder:
+        model = random_llama(shape, dtype, device)
+        parameters = sum(p.numel() for p in model.parameters())
+        name = f"Llama {parameters / 1e6:,.0f} M, {shape['num_hidden_layers']} layers"
+        model.save_pretrained(folder)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return load_memory.rows([folder], str(device), name_of=lambda _: name)[0]
 
 
 def synchronize(device: torch.device) -> None:
@@ -269,6 +295,9 @@ def main() -> None:
             headers=["exactness (small float32 model)", ""],
         )
     )
+    print()
+    load_shape = LOAD if device.type == "cuda" else STAND_IN
+    print(tabulate(load_rows(load_shape, dtype, device), headers=load_memory.HEADERS, disable_numparse=True))
 
 
 if __name__ == "__main__":

@@ -208,11 +208,12 @@ def load_model(spec: ModelSpec, attn_implementation: str | None = None) -> PreTr
             gguf_file=gguf_file(spec, source),
             dtype=dtype,
             attn_implementation=attn_implementation,
+            device_map=None if world.parallel else device,  # one device: weights load onto it, not via host
             **tp_load_arguments(world),
         )
     except (OSError, ValueError) as exc:
         raise _load_error(spec, exc) from exc
-    return (model if world.parallel else model.to(device)).eval()  # TP places each shard on its rank
+    return model.eval()  # on its device: device_map, or under TP each shard on its rank
 
 
 def model_config(spec: ModelSpec) -> PretrainedConfig:
