@@ -73,6 +73,7 @@ def test_a_single_device_run_loads_onto_the_device_without_moving_the_model(
     assert torch.equal(model(IDS).logits, expected)
 
 
+@pytest.mark.slow  # loads the embedded GGUF twice; the tiny saved model above runs by default
 @torch.inference_mode()
 def test_the_embedded_gguf_loads_with_a_device_map_as_it_did_without(smollm: LoadedModel) -> None:
     """The session's embedded model (``load_model``, engine installed) against the old path's."""

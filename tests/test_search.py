@@ -196,7 +196,7 @@ def test_a_search_runs_as_stored_grid_runs_and_stores_its_decision(tmp_path, tin
     Target 0.3 keeps it to 4 samples: 0.3**4 = 0.008 <= 0.025 < 0.3**3."""
     database = tmp_path / "db.sqlite"
     overrides = [*tiny_search(tiny_llama_overrides, database, samples=4), "search.compare=true"]
-    assert check_before_hydra(overrides).plan is None  # accepted by the front door; the search plans its rounds
+    assert check_before_hydra(overrides).plan is None  # accepted by the front door; the search plans rounds
     printed = run_search(compose_config(*overrides))
     assert "the full cache got no sample right" in printed
     with ResultsDB(database) as db:
