@@ -11,7 +11,6 @@ SIGTERM ends the run as ``interrupted`` (exit 130 or 143).
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from snapeval.cli import EXIT_BAD_INPUT, error_line, keep_interrupts, report
+from snapeval.cli import EXIT_BAD_INPUT, error_line, keep_interrupts, report, writing_rank
 from snapeval.configs import legacy
 from snapeval.configs.check import check, check_choices
 from snapeval.configs.compose import compose_job, plain
@@ -114,7 +113,7 @@ def check_before_hydra(overrides: list[str]) -> Checked | None:
         check_search(config)  # every budget it may try planned as it would run
     from snapeval.results import ResultsDB  # the database opens (or fails on run.db) in a second
 
-    if os.environ.get("RANK", "0") in ("", "0"):  # torchrun's other ranks open no database
+    if writing_rank():  # torchrun's other ranks open no database
         ResultsDB(config["run"]["db"]).close()
     if sweep:  # an experiment that sweeps (Hydra's mode: MULTIRUN): each job checks its point
         return None

@@ -35,6 +35,13 @@ def error_line(error: BaseException) -> str:
     return "error: " + " ".join(line.strip() for line in str(error).splitlines())
 
 
+def writing_rank() -> bool:
+    """Whether this process writes databases, files and tables: a plain process, or rank 0 of a torchrun
+    launch (its other ranks compute alongside it and write nothing); read from torchrun's ``RANK``, with no
+    torch."""
+    return os.environ.get("RANK", "0").strip() in ("", "0")
+
+
 def report(error: SnapevalError) -> int:
     """Print ``error`` in one line on stderr; the exit code of bad input (2). Under torchrun (a process
     group started) every rank says its line before any ends: a refusal every rank reaches alike."""

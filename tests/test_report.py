@@ -457,3 +457,16 @@ def test_the_page_renders_in_headless_chromium(html, tmp_path):
     with image.open(shot) as screenshot:
         colours = screenshot.convert("RGB").getcolors(maxcolors=1 << 16)
     assert colours is None or len(colours) > 10  # None: more colours than counted
+
+
+def test_under_torchrun_rank_0_alone_writes_the_report_and_the_figures(db_url, tmp_path, monkeypatch):
+    """``torchrun ... -m snapeval.report`` (or figures): the other ranks read nothing and write nothing."""
+    from snapeval.figures.command import main as figures
+
+    monkeypatch.setenv("RANK", "1")
+    assert main([f"--db={db_url}", f"--out={tmp_path / 'report.html'}"]) == 0
+    assert figures([f"--db={db_url}", f"--out={tmp_path / 'figures'}"]) == 0
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("RANK", "0")
+    assert main([f"--db={db_url}", f"--out={tmp_path / 'report.html'}"]) == 0
+    assert (tmp_path / "report.html").stat().st_size > 0

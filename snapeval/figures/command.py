@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from snapeval.cli import one_line_errors
+from snapeval.cli import one_line_errors, writing_rank
 from snapeval.errors import SnapevalError
 from snapeval.figures import FIGURES, NothingToDraw
 from snapeval.figures.panels import figure_paths
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})"
     )
     args = parser.parse_args(argv)
+    if not writing_rank():  # under torchrun rank 0 alone writes the figures
+        return 0
     if args.out.exists() and not args.out.is_dir():
         raise SnapevalError(f"{args.out} is a file; give a folder for the figures", "--out")
     inputs = {DB_OPTION: sqlite_path(database_url(args.db))}

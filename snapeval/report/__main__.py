@@ -7,7 +7,7 @@ import math
 import sys
 from pathlib import Path
 
-from snapeval.cli import one_line_errors
+from snapeval.cli import one_line_errors, writing_rank
 from snapeval.errors import SnapevalError
 from snapeval.results.files import safe_output, write_atomically
 from snapeval.results.options import add_db_option, open_existing
@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--flips", type=int, default=5, help="flipped samples shown per setting (default: 5)")
     args = parser.parse_args(argv)
+    if not writing_rank():  # under torchrun rank 0 alone writes the report
+        return 0
     if any(not math.isfinite(t) or t <= 0 for t in args.targets):
         raise SnapevalError(
             f"must be finite numbers > 0, got {' '.join(map(str, args.targets))}", "--targets"
