@@ -12,6 +12,7 @@ import yaml
 from snapeval.cache import effective_params
 from snapeval.commands.gate import Gate, judge, load_gates, main
 from snapeval.results import ResultsDB, config_hash, database_url, stored_config
+from snapeval.run import evaluation
 
 SHIPPED_SPEC = Path(__file__).resolve().parent.parent / "conf" / "gates" / "ci.yaml"
 TASK = ["task=ruler_passkey", "task.context_length=512", "run.limit=20"]
@@ -159,3 +160,23 @@ def test_shipped_spec_composes():
 @pytest.mark.slow
 def test_shipped_gate_passes_on_the_embedded_model(tmp_path):
     assert main(["--spec", str(SHIPPED_SPEC), "--db", str(tmp_path / "gate.sqlite")]) == 0
+
+
+def test_a_gate_loads_its_model_once_for_both_sides(tmp_path, tiny_llama_overrides, monkeypatch):
+    """The full cache's side and the compressed one run on one model: it loads once."""
+    loads = []
+    real_load = evaluation.load_model
+    monkeypatch.setattr(evaluation, "load_model", lambda spec: loads.append(spec) or real_load(spec))
+    task = ["task=ruler_passkey", "task.context_length=256", "task.max_new_tokens=2", "run.limit=2"]
+    spec = {
+        "name": "tiny",
+        "task": [*task, *tiny_llama_overrides],
+        "cache": ["cache=snapstream", "cache.budget=128"],
+        "min_retained": 0.5,
+        "min_n": 2,
+    }
+    database = tmp_path / "gate.sqlite"
+    main(["--spec", str(write_spec(tmp_path / "tiny.yaml", spec)), "--db", str(database)])
+    with ResultsDB(database) as db:
+        assert sorted(run["method"] for run in db.run_states()) == ["full", "snapstream"]
+    assert len(loads) == 1

@@ -27,6 +27,7 @@ bad spec, config or database.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
@@ -223,14 +224,18 @@ def located(where: str) -> Iterator[None]:
 
 
 def run_gate(gate: Gate, plans: list[RunPlan]) -> None:
-    """Run what the database lacks of the gate's full-cache and compressed plans."""
-    from snapeval.run.runner import (
-        execute,  # torch: only once the spec, its configs and the database are good
-    )
+    """Run what the database lacks of the gate's full-cache and compressed plans, each model loaded once
+    (the two sides of a gate differ in their cache)."""
+    from snapeval.models import ModelSpec  # torch: only once the spec, its configs and the database are good
+    from snapeval.run.evaluation import Loaded
+    from snapeval.run.runner import execute
 
+    models: dict[str, Loaded] = {}
     for plan in plans:
         start = time.perf_counter()
-        [summary] = execute(plan)
+        model = plan.config["model"]
+        loaded = models.setdefault(json.dumps(model, sort_keys=True), Loaded(ModelSpec.from_config(model)))
+        [summary] = execute(plan, loaded)
         print(
             f"{gate.name}: {plan.config['cache']['method']}: {summary.n} samples, {summary.computed} "
             f"computed in {time.perf_counter() - start:.0f} s",

@@ -285,13 +285,15 @@ def _evaluator(config: Mapping[str, Any], settings: Settings) -> Evaluate:
     """The search's ``evaluate``: a grid run of the full cache and the method at the budgets asked, on the
     first n samples (stored samples are not computed again), read back paired by sample."""
     from snapeval.configs.grid import grid_points
-    from snapeval.models import ModelSpec, load_tokenizer
+    from snapeval.models import ModelSpec
     from snapeval.results import ResultsDB, identity
+    from snapeval.run.evaluation import Loaded
     from snapeval.run.runner import run
     from snapeval.tasks import load_task
 
+    loaded = Loaded(ModelSpec.from_config(config["model"]))  # every round's: the model loads once
     task = load_task(config["task"], config["seed"], settings.max_samples)
-    ids = [prompt.id for prompt in task.prompts(load_tokenizer(ModelSpec.from_config(config["model"])))]
+    ids = [prompt.id for prompt in task.prompts(loaded.tokenizer)]
 
     def stored(cfg: dict) -> dict[str, dict[str, float]]:
         with ResultsDB(cfg["run"]["db"]) as db:
@@ -304,12 +306,12 @@ def _evaluator(config: Mapping[str, Any], settings: Settings) -> Evaluate:
     def evaluate(budgets: list[int], samples: int) -> dict[int, Scores]:
         cfg = _round_config(config, settings, budgets, samples)
         wanted = ids[:samples]
-        run(cfg)
+        run(cfg, loaded)
         scores = stored(cfg)
         while missing := sum(i not in by_id for by_id in scores.values() for i in wanted):
             print(f"waiting for {missing} samples that another worker holds", file=sys.stderr, flush=True)
             time.sleep(WAIT_S)
-            run(cfg)  # computes whatever a dead worker's expired claims returned
+            run(cfg, loaded)  # computes whatever a dead worker's expired claims returned
             scores = stored(cfg)
         full = scores.pop(FULL)
         return {int(b): ([s[i] for i in wanted], [full[i] for i in wanted]) for b, s in scores.items()}

@@ -13,18 +13,20 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from tqdm import tqdm
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from snapeval.cache import install
+from snapeval.configs.cache import FULL
 from snapeval.configs.grid import shares_prefill
-from snapeval.configs.setting import FULL, CacheSetting
+from snapeval.configs.setting import CacheSetting
 from snapeval.decode.batch_rows import usable_rows
 from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
 from snapeval.decode.stops import stop_ids
-from snapeval.models import ModelSpec, attach_drafts, load_model
+from snapeval.models import ModelSpec, attach_drafts, load_model, load_tokenizer
 from snapeval.models.parallel import is_writer
 from snapeval.results import ResultsDB, config_hash
 from snapeval.run.records import answer_text, sample_row
@@ -58,6 +60,23 @@ def full_cache_digest(config: Mapping[str, Any]) -> str:
     return config_hash({**config, "cache": CacheSetting.of({"method": FULL}).stored})
 
 
+@dataclass
+class Loaded:
+    """A model's tokenizer and weights (the snapeval attention installed), each loaded at first use and then
+    kept: one execution's, or those a command shares between the plans it runs on one model (a budget
+    search's rounds load the model once)."""
+
+    spec: ModelSpec
+
+    @cached_property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return load_tokenizer(self.spec)
+
+    @cached_property
+    def model(self) -> PreTrainedModel:
+        return install(load_model(self.spec))
+
+
 class Evaluation:
     """One execution's generation: the model, the request builder, the full cache's outputs (the others'
     reference) and the samples waiting for them, and the progress bar."""
@@ -65,17 +84,16 @@ class Evaluation:
     def __init__(
         self,
         cfg: Mapping[str, Any],
-        spec: ModelSpec,
-        tokenizer: PreTrainedTokenizerBase,
+        loaded: Loaded,
         task: Task,
         points: list[Point],
         db: ResultsDB,
     ) -> None:
-        self.cfg, self.task, self.points, self.db, self.tokenizer = cfg, task, points, db, tokenizer
-        self.model = install(load_model(spec))
-        attach_drafts(self.model, tokenizer, [point.config["cache"] for point in points])
-        eos = stop_ids(tokenizer, self.model.generation_config)
-        self.builder = RequestBuilder.for_task(tokenizer, task, spec.max_context, eos)
+        self.cfg, self.task, self.points, self.db = cfg, task, points, db
+        self.tokenizer, self.model = tokenizer, model = loaded.tokenizer, loaded.model
+        attach_drafts(model, tokenizer, [point.config["cache"] for point in points])
+        eos = stop_ids(tokenizer, model.generation_config)
+        self.builder = RequestBuilder.for_task(tokenizer, task, loaded.spec.max_context, eos)
         digest = full_cache_digest(points[0].config)
         self.reference = {row["sample_id"]: row["output"] for row in db.samples_for(digest)}
         self.full = next((point for point in points if point.digest == digest), None)

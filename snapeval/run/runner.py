@@ -21,13 +21,13 @@ from sqlalchemy.exc import DBAPIError
 
 from snapeval.configs.setting import CacheSetting
 from snapeval.errors import SnapevalError
-from snapeval.models import ModelSpec, check_chat, load_tokenizer
+from snapeval.models import ModelSpec, check_chat
 from snapeval.models.parallel import init_process_group, launcher_world
 from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
 from snapeval.results.connect import write_error
 from snapeval.results.leases import Lease
 from snapeval.results.mirror import open_results
-from snapeval.run.evaluation import Evaluation, Point
+from snapeval.run.evaluation import Evaluation, Loaded, Point
 from snapeval.run.plan import RunPlan, make_plan
 from snapeval.run.workers import shard, terminate_as_interrupt
 from snapeval.tasks import Prompt
@@ -64,19 +64,20 @@ def draws(prompts: list[Prompt], num_samples: int) -> list[Prompt]:
     ]
 
 
-def run(cfg: dict[str, Any]) -> list[RunSummary]:
+def run(cfg: dict[str, Any], loaded: Loaded | None = None) -> list[RunSummary]:
     """Check ``cfg`` into a plan (:func:`snapeval.run.plan.make_plan`; a config that fails is recorded as a
-    failed run, so that a sweep's summary shows the point) and :func:`execute` it."""
+    failed run, so that a sweep's summary shows the point) and :func:`execute` it (on ``loaded``: a model
+    already loaded for the same ``cfg["model"]``)."""
     try:
         plan = make_plan(cfg)
     except SnapevalError as exc:
         with contextlib.suppress(SnapevalError, DBAPIError), results_db(cfg) as db:
             _record_failures(db, [(cfg, exc)])
         raise
-    return execute(plan)
+    return execute(plan, loaded)
 
 
-def execute(plan: RunPlan) -> list[RunSummary]:
+def execute(plan: RunPlan, loaded: Loaded | None = None) -> list[RunSummary]:
     """Evaluate the plan's model and task with each of its cache settings; store every sample; return one
     summary per setting. A setting the plan set aside (impossible parameters) is recorded as failed and
     skipped, its error printed. Nothing is checked again. A write to the database that fails is a
@@ -84,7 +85,7 @@ def execute(plan: RunPlan) -> list[RunSummary]:
     cfg = plan.config
     with results_db(cfg) as db:
         try:
-            return _execute(plan, db)
+            return _execute(plan, db, loaded or Loaded(ModelSpec.from_config(cfg["model"])))
         except DBAPIError as exc:
             raise write_error(exc, db.url) from None
 
@@ -98,13 +99,12 @@ def results_db(cfg: Mapping[str, Any]) -> ResultsDB:
     return open_results(cfg["run"]["db"], world.size, world.rank)
 
 
-def _execute(plan: RunPlan, db: ResultsDB) -> list[RunSummary]:
+def _execute(plan: RunPlan, db: ResultsDB, loaded: Loaded) -> list[RunSummary]:
     cfg, task = plan.config, plan.task
     _record_failures(db, plan.failed)  # recorded, so that a sweep's summary shows the failed points
     for _, exc in plan.failed:
         print(f"error: {exc} (this grid point is skipped)", file=sys.stderr)
-    spec = ModelSpec.from_config(cfg["model"])
-    tokenizer = load_tokenizer(spec)
+    tokenizer = loaded.tokenizer
     check_chat(tokenizer, cfg["model"])
     prompts = draws(task.prompts(tokenizer), cfg["generation"]["num_samples"])
     prompts = shard(prompts, cfg["run"]["shard"])
@@ -116,7 +116,7 @@ def _execute(plan: RunPlan, db: ResultsDB) -> list[RunSummary]:
             run_ids += [point.run_id for point in points]
             with Lease(lambda: db.renew(run_ids, lease_s), lease_s):
                 if any(point.todo for point in points):
-                    Evaluation(cfg, spec, tokenizer, task, points, db).run(prompts, lease_s)
+                    Evaluation(cfg, loaded, task, points, db).run(prompts, lease_s)
             db.finish_runs(run_ids, "finished")
         except KeyboardInterrupt:
             _close(db, run_ids, "interrupted")
