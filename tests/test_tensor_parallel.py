@@ -250,3 +250,30 @@ def test_a_rank_killed_mid_run_ends_the_other_in_one_line_with_every_stored_samp
         assert connection.execute("SELECT status FROM runs").fetchone()[0] in ("failed", "interrupted")
         rows = connection.execute("SELECT output, score, generated_tokens FROM samples").fetchall()
     assert 1 <= len(rows) < 12 and all(None not in row for row in rows)
+
+
+def test_another_rank_scores_nothing_and_keeps_the_output_its_waits_follow():
+    """Under torchrun rank 0 alone scores a sample (LiveCodeBench's sandbox runs once) and stores it; another
+    rank hands the mirrored database the output alone, and still records the full cache's output, which
+    orders what the compressed settings wait for."""
+    from types import SimpleNamespace
+
+    from snapeval.decode.continuous import Answer, Request
+    from snapeval.run.evaluation import Evaluation, Point
+    from snapeval.tasks import Prompt
+
+    scored, committed = [], []
+    evaluation = Evaluation.__new__(Evaluation)
+    full = Point({"cache": {"method": "full"}}, "digest", 1, {"p"})
+    evaluation.full, evaluation.reference, evaluation.awaiting = full, {}, {}
+    evaluation.task = SimpleNamespace(score=lambda prompt, output: scored.append(output) or {"score": 1.0})
+    evaluation.tokenizer = SimpleNamespace(
+        decode=lambda tokens, skip_special_tokens: " ".join(map(str, tokens))
+    )
+    evaluation.db = SimpleNamespace(add_sample=lambda run_id, digest, row: committed.append(row) or False)
+    evaluation.progress = SimpleNamespace(update=lambda: None)
+    evaluation.writes = False
+    answer = Answer(Request((1, 2), {"method": "full"}, 3), [7, 8], "eos", 0.1, 0.2, 64, 0, None)
+    evaluation.store(full, Prompt("p", [{"role": "user", "content": "x"}], "7"), [answer])
+    assert scored == [] and committed == [{"sample_id": "p", "output": "7 8"}]
+    assert evaluation.reference == {"p": "7 8"}

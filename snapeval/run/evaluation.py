@@ -90,6 +90,7 @@ class Evaluation:
         db: ResultsDB,
     ) -> None:
         self.cfg, self.task, self.points, self.db = cfg, task, points, db
+        self.writes = is_writer()  # under torchrun rank 0 alone scores (a sandbox run, once) and stores
         self.tokenizer, self.model = tokenizer, model = loaded.tokenizer, loaded.model
         attach_drafts(model, tokenizer, [point.config["cache"] for point in points])
         eos = stop_ids(tokenizer, model.generation_config)
@@ -102,7 +103,7 @@ class Evaluation:
         self.progress = tqdm(
             total=sum(len(point.todo) for point in points),
             desc=f"{task.name} [{label}]",
-            disable=not cfg["run"]["progress"] or not is_writer(),  # one bar: rank 0's under torchrun
+            disable=not cfg["run"]["progress"] or not self.writes,  # one bar: rank 0's under torchrun
         )
 
     def run(self, prompts: list[Prompt], lease_s: float) -> None:
@@ -167,7 +168,10 @@ class Evaluation:
             self.awaiting[prompt.id].append((point, prompt, calls))
             return
         known = None if point is full else reference.get(prompt.id)
-        row = sample_row(self.task, prompt, calls, known, self.tokenizer, self.model.device)
+        if self.writes:
+            row = sample_row(self.task, prompt, calls, known, self.tokenizer, self.model.device)
+        else:  # another rank of a tensor-parallel run: rank 0 scores and stores; the output orders the waits
+            row = {"sample_id": prompt.id, "output": answer_text(self.tokenizer, calls[-1])}
         self.commit(point, row)
         if point is full:
             reference[prompt.id] = row["output"]
