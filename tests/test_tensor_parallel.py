@@ -38,11 +38,15 @@ from snapeval.models.parallel import (
 from tests import tensor_parallel_worker as worker
 from tests.families import FAMILIES
 
-TP_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "phi4_mini") + (
+DEFAULT_FAMILIES = ("llama", "gemma3", "phi4_mini")
+"""In the default run: heads split (Llama), sliding windows beside full layers (Gemma 3), and heads kept
+whole on every rank (Phi-4-mini's gathered qkv_proj)."""
+MORE_FAMILIES = ("qwen2", "qwen3", "mistral") + (
     ("gpt_oss",) if at_least(MOE_TENSOR_PARALLEL) else ()  # below, refused: a test here shows why
 )
-"""Families whose plan splits attention heads, and two whose plan keeps them whole on every rank (Phi-3's
-gathered qkv_proj; GPT-OSS, which splits its experts alone, from the release that splits them exactly)."""
+"""In the slow run (``.ci/run`` runs it): more families whose plan splits heads, and GPT-OSS, which splits
+its experts alone (from the release that splits them exactly)."""
+TP_FAMILIES = (*DEFAULT_FAMILIES, *(pytest.param(f, marks=pytest.mark.slow) for f in MORE_FAMILIES))
 WORKER = Path(worker.__file__)
 TOLERANCE = 1e-5  # of the largest logit
 TIMEOUT_S = 240
@@ -65,11 +69,27 @@ def rank_errors(out: Path) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """(TP=1 results, [TP=2 rank 0's, rank 1's]): (family, method, path) -> (tokens, logits per forward)."""
+def default_runs(tmp_path_factory):
+    return compared_runs(tmp_path_factory, DEFAULT_FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def more_runs(tmp_path_factory):
+    return compared_runs(tmp_path_factory, MORE_FAMILIES)
+
+
+@pytest.fixture
+def runs(request, family):
+    """The runs of ``family``'s group (one torchrun per group)."""
+    return request.getfixturevalue("default_runs" if family in DEFAULT_FAMILIES else "more_runs")
+
+
+def compared_runs(tmp_path_factory, families):
+    """(TP=1 results, [TP=2 rank 0's, rank 1's]) of ``families``: (family, method, path) -> (tokens, logits
+    per forward)."""
     root = tmp_path_factory.mktemp("tensor_parallel")
     folders = []
-    for name in TP_FAMILIES:
+    for name in families:
         FAMILIES[name](worker.VOCAB).save_pretrained(root / name)
         folders.append(root / name)
     split = torchrun(2, root / "tp2", *folders)
