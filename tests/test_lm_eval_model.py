@@ -27,7 +27,9 @@ def loglikelihood(model: SnapStreamLM) -> tuple[float, bool]:
 
 @pytest.fixture(scope="module")
 def full(smollm) -> SnapStreamLM:
-    return SnapStreamLM(pretrained="smollm2-135m", method="full")
+    lm = SnapStreamLM(pretrained="smollm2-135m", method="full")
+    vars(lm)["model"] = smollm.model  # the session's weights (the engine installed), not a second load
+    return lm
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +92,7 @@ def test_repeated_sampled_requests_are_different_draws_and_reproducible(tiny, ti
     assert one_by_one.generate_until(requests, disable_tqdm=True) == first
 
 
-def test_batch_size_batches_different_requests_with_the_same_answers(full):
+def test_batch_size_batches_different_requests_with_the_same_answers(full, smollm):
     """lm-eval's --batch_size: rows of the continuous batcher, answers as one by one."""
     questions = ["Count from 1 to 20.", "Name three colours.", "What is the capital of France?"]
     requests = [
@@ -108,7 +110,7 @@ def test_batch_size_batches_different_requests_with_the_same_answers(full):
     cache = {"method": "snapstream", "budget": 24, "window": 4, "kernel": 3, "ring": 8}
     batched = SnapStreamLM(pretrained="smollm2-135m", batch_size="2", **cache)  # a row is refilled
     one_by_one = SnapStreamLM(pretrained="smollm2-135m", batch_size=1, **cache)
-    vars(one_by_one)["model"] = batched.model  # the same weights, loaded once
+    vars(batched)["model"] = vars(one_by_one)["model"] = smollm.model  # the session's weights
     answers = batched.generate_until(requests, disable_tqdm=True)
     assert answers == one_by_one.generate_until(requests, disable_tqdm=True)
     assert "Paris" in answers[2] and "7" not in answers[0]

@@ -45,6 +45,7 @@ def tiny(tiny_llama_overrides) -> tuple[str, str]:
     return tiny_llama_overrides
 
 
+@pytest.mark.slow  # the embedded model end to end (.ci/run runs it, and the README's command and the gate)
 def test_passkey_run_stores_every_sample_with_provenance(smollm, tmp_path):
     cfg = config(tmp_path, "run.limit=3", "task.context_length=512")
     [summary] = runner.run(cfg)
