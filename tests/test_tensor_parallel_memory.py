@@ -32,7 +32,7 @@ TIMEOUT_S = 240
 KV_DTYPE = "fp32"  # the tiny model's
 HARDWARE = "h100"  # any profile: the bytes of a sequence do not depend on it
 
-pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]  # a torchrun of its own; .ci/run runs it
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]  # a torchrun: .ci/run runs it
 
 
 @pytest.fixture(scope="module")
