@@ -92,6 +92,7 @@ def test_repeated_sampled_requests_are_different_draws_and_reproducible(tiny, ti
     assert one_by_one.generate_until(requests, disable_tqdm=True) == first
 
 
+@pytest.mark.slow  # the embedded model decoding twice (.ci/run runs it); test_continuous.py has the rest
 def test_batch_size_batches_different_requests_with_the_same_answers(full, smollm):
     """lm-eval's --batch_size: rows of the continuous batcher, answers as one by one."""
     questions = ["Count from 1 to 20.", "Name three colours.", "What is the capital of France?"]
