@@ -114,11 +114,12 @@ def test_start_up_hook_imports_nothing_heavy(tmp_path):
 @pytest.mark.parametrize(
     "task,extra_args,metric,pretrained",
     [
-        (  # the path under test, on the session's random-weight Llama with SmolLM2's tokenizer
+        pytest.param(  # the path under test, on the session's random-weight Llama with SmolLM2's tokenizer
             "snapeval_ruler_passkey",
             ["--metadata", '{"context_length": 384, "num_prompts": 2}'],
             "score,none",
             None,
+            marks=pytest.mark.slow,  # lm-eval's CLI end to end (.ci/run runs it)
         ),
         pytest.param(
             "snapeval_aime24",
