@@ -71,8 +71,8 @@ class Recent:
         if isinstance(count, int):
             self.buffer[:, count % self.size] = entries
             return
-        index = (count % self.size).view(-1, 1, *[1] * (entries.dim() - 1))
-        self.buffer.scatter_(1, index.expand(-1, 1, *entries.shape[1:]), entries[:, None])
+        rows = torch.arange(self.buffer.shape[0], device=self.buffer.device)
+        self.buffer[rows, count % self.size] = entries  # an index_put_: stays in place under compile
 
     def last(self, row: int, count: int, wanted: int) -> torch.Tensor:
         """(1, n, ...) the last n = min(wanted, count, size) entries of ``row``, oldest first, after

@@ -31,12 +31,21 @@ def ring_slots(start, next_, size, length: int, device: torch.device) -> torch.T
 
 def write_slots(buffers, slots: torch.Tensor, states) -> None:
     """Write ``states`` (each (rows, heads, n, ...)) into ``buffers`` (keys, values, positions: (rows,
-    heads, slots, ...)) at ``slots`` ((rows or 1, n) slot indices)."""
+    heads, slots, ...)) at ``slots`` ((rows or 1, n) slot indices).
+
+    An ``index_put_`` at (row, head, slot): under ``torch.compile`` inductor re-inplaces it into a kernel
+    that stores the new states only, where a ``scatter_`` becomes an out-of-place scatter plus a copy of
+    the whole buffer back (tests/test_slot_writes.py reads the generated code).
+    """
+    rows, heads = states[0].shape[:2]
+    device = slots.device
+    index = (
+        torch.arange(rows, device=device)[:, None, None],
+        torch.arange(heads, device=device)[None, :, None],
+        slots[:, None, :],
+    )
     for buffer, state in zip(buffers, states, strict=True):
-        index = slots[:, None, :].expand(state.shape[0], state.shape[1], -1)
-        if buffer.dim() == 4:
-            index = index[..., None].expand(-1, -1, -1, buffer.shape[-1])
-        buffer.scatter_(2, index, state)
+        buffer.index_put_(index, state)
 
 
 def window_ring(kept: torch.Tensor, seen: int, window: int, capacity: int) -> torch.Tensor:
@@ -119,6 +128,7 @@ class RowRings:
         self.wraps = torch.zeros(rows, dtype=torch.long, device=device)
         self.slot = torch.zeros(rows, dtype=torch.long, device=device)  # where the step's token goes
         self.slot_index = torch.arange(capacity, device=device)
+        self.rows = torch.arange(rows, device=device)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.valid, self.start, self.size, self.next, self.wraps, self.slot]
@@ -131,7 +141,7 @@ class RowRings:
     def begin_step(self) -> None:
         cursor = (self.start[:, None], self.next[:, None], self.size[:, None])
         self.slot.copy_(ring_slots(*cursor, 1, self.start.device)[:, 0])
-        self.valid.scatter_(1, self.slot[:, None], True)
+        self.valid[self.rows, self.slot] = True  # an index_put_, re-inplaced under compile
 
     def end_step(self) -> None:
         self.next.add_(1).remainder_(self.size)
