@@ -73,7 +73,7 @@ def measure(model, cache: dict, args: argparse.Namespace) -> dict:
     requests = [Request(prompt, cache, args.steps, tag=row) for row in range(args.rows)]
     batcher = ContinuousBatcher(model, args.rows, args.compile)
     batcher.reserve(requests)
-    if batcher.compiled:  # compile the step once, apart
+    if batcher.mode != "eager":  # compile or capture the step once, apart
         batcher.run([Request(prompt, cache, 3, tag="warm-up")], lambda answer: None)
         batcher.steps, batcher.step_seconds = 0, 0.0
     answers = []

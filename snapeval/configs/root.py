@@ -41,8 +41,9 @@ MAX_DRAWS = 10_000
 capped too (:data:`MAX_REQUESTS`): each is a stored sample, set up before the first is evaluated."""
 MAX_REQUESTS = 1_000_000
 """The most requests (prompts x draws) one run makes."""
-COMPILE_MODES = ("auto", "on", "off")
-"""``run.compile``: compiled with CUDA graphs on a GPU and eager on CPU, always compiled, never."""
+COMPILE_MODES = ("auto", "on", "off", "graphs")
+"""``run.compile``: compiled with CUDA graphs on a GPU and eager on CPU, always compiled, never, or the
+eager step captured as CUDA graphs (a GPU only; no compile wait)."""
 
 
 def budgeted_method(value: Any) -> str | None:

@@ -12,7 +12,8 @@ results database as rows free, so that workers on one point split it.
 
 The decode step (tokens of every row -> next token of every row, sampling included) performs no host
 synchronisation and no branch on tensor values; :meth:`ContinuousBatcher.step` may be compiled
-(``torch.compile(fullgraph=True, dynamic=False)``, CUDA graphs on a GPU) and then runs every step of a
+(``torch.compile(fullgraph=True, dynamic=False)``, CUDA graphs on a GPU) or captured as CUDA graphs as it
+is, and then runs every step of a
 run, refills and ring wrap-around included, from one graph. The loop reads the new tokens once per step
 to decide which rows stop.
 
@@ -25,11 +26,12 @@ Modules: :mod:`~snapeval.decode.continuous.work` (a request and its answer),
 :mod:`~snapeval.decode.continuous.prefills` (one prefill shared by the requests of a prompt),
 :mod:`~snapeval.decode.continuous.rows` (what each row holds, its sampling settings as tensors),
 :mod:`~snapeval.decode.continuous.compiled` (``run.compile`` and the CUDA graph's fixed addresses),
+:mod:`~snapeval.decode.continuous.graphs` (``run.compile=graphs``: the eager step captured as CUDA graphs),
 :mod:`~snapeval.decode.continuous.batcher` (the decode step and the run's loop).
 """
 
 from snapeval.decode.continuous.batcher import ContinuousBatcher
-from snapeval.decode.continuous.compiled import COMPILE_MODES, check_compile, compiles
+from snapeval.decode.continuous.compiled import COMPILE_MODES, check_compile, step_mode
 from snapeval.decode.continuous.work import Answer, Request
 
-__all__ = ["COMPILE_MODES", "Answer", "ContinuousBatcher", "Request", "check_compile", "compiles"]
+__all__ = ["COMPILE_MODES", "Answer", "ContinuousBatcher", "Request", "check_compile", "step_mode"]

@@ -20,7 +20,8 @@ from snapeval.cache.attention import cache_keyword
 from snapeval.cache.slots import cached_shapes
 from snapeval.decode.batch_rows import check_rows_fit
 from snapeval.decode.continuous.classes import RowClasses, plan_classes
-from snapeval.decode.continuous.compiled import compile_step, compiles, pin_for_cuda_graphs
+from snapeval.decode.continuous.compiled import compile_step, pin_for_cuda_graphs, step_mode
+from snapeval.decode.continuous.graphs import GraphedStep
 from snapeval.decode.continuous.prefills import Prefill, fill
 from snapeval.decode.continuous.rows import Row, RowSampling, across_ranks, answer_of, load_row
 from snapeval.decode.continuous.work import Answer, Request
@@ -32,16 +33,16 @@ from snapeval.errors import SnapevalError
 class ContinuousBatcher:
     """Generate answers for a queue of requests in ``rows`` slots, refilling each slot as it frees.
 
-    ``compile``: auto | off | on (see :func:`~snapeval.decode.continuous.compiles`). ``refill`` false waits
-    until every row has stopped before admitting new requests: static batches at the same fixed shape
-    (for comparison).
+    ``compile``: auto | off | on | graphs (see :func:`~snapeval.decode.continuous.compiled.step_mode`).
+    ``refill`` false waits until every row has stopped before admitting new requests: static batches at
+    the same fixed shape (for comparison).
     """
 
     def __init__(self, model: PreTrainedModel, rows: int, compile: str = "off", refill: bool = True) -> None:
         if not isinstance(rows, int) or rows <= 0:
             raise SnapevalError(f"must be a positive integer, got {rows!r}", "run.batch_size")
         self.model, self.rows, self.refill = model, rows, refill
-        self.compiled = compiles(compile, model.device)
+        self.mode = step_mode(compile, model.device)
         self.slots: RowClasses | None = None
         self.cache_keyword = cache_keyword(model)
         self.steps = 0  # decode steps run, and their wall seconds (all runs of this batcher)
@@ -120,7 +121,11 @@ class _Run:
         self.shares: Counter = Counter()
         self.sampling = RowSampling.empty(batcher.rows, device)
         self.enqueue(list(queue), first=False)  # settles the step's Python flags before it first compiles
-        self.step = compile_step(batcher.step, device) if batcher.compiled else batcher.step
+        self.step = batcher.step
+        if batcher.mode == "compiled":
+            self.step = compile_step(batcher.step, device)
+        elif batcher.mode == "graphs":
+            self.step = GraphedStep(batcher.step)
         self.tokens = torch.zeros(batcher.rows, dtype=torch.long, device=device)
         self.rows: list[Row | None] = [None] * batcher.rows
         self.live: dict[tuple, Prefill] = {}  # prompts with requests still to admit

@@ -1,4 +1,5 @@
-"""``run.compile``: whether the decode step is compiled, how, and the buffers a CUDA graph reads in place."""
+"""``run.compile``: how the decode step runs (eager, compiled, CUDA graphs) and the buffers a CUDA graph
+reads in place."""
 
 from __future__ import annotations
 
@@ -16,14 +17,19 @@ def check_compile(mode: str) -> None:
         raise SnapevalError(f"choose one of {', '.join(COMPILE_MODES)}, got {mode!r}", "run.compile")
 
 
-def compiles(mode: str, device: torch.device) -> bool:
-    """Whether ``run.compile`` = ``mode`` compiles the decode step on ``device``.
+def step_mode(mode: str, device: torch.device) -> str:
+    """How ``run.compile`` = ``mode`` runs the decode step on ``device``: ``eager``, ``compiled`` or
+    ``graphs`` (:mod:`~snapeval.decode.continuous.graphs`, refused off CUDA in one line).
 
     ``auto`` compiles on CUDA (where CUDA graphs remove the launch overhead that dominates a decode
     step) and not on CPU, where compiling takes minutes and gains little (see benchmarks/README.md).
     """
     check_compile(mode)
-    return mode == "on" or (mode == "auto" and device.type == "cuda")
+    if mode == "graphs" and device.type != "cuda":
+        raise SnapevalError(f"CUDA graphs need a CUDA device, the model is on {device.type}", "run.compile")
+    if mode == "on" or (mode == "auto" and device.type == "cuda"):
+        return "compiled"
+    return "graphs" if mode == "graphs" else "eager"
 
 
 def compile_step(step: Callable, device: torch.device) -> Callable:
