@@ -155,6 +155,10 @@ def test_a_grid_takes_parameters_of_any_of_its_methods(tmp_path):
         ),
         (["run.shard=5/8", "run.limit=2"], "run.shard: shard 5/8 of 2 sample(s) is empty"),
         (
+            ["run.compile=graphs", "model.device=cpu"],
+            "run.compile: CUDA graphs need a GPU, and this run has none",
+        ),
+        (
             ["+protocol=livecodebench_official", "task=ruler_passkey"],
             "protocol: livecodebench_official is a protocol of task livecodebench, not of task ruler_passkey",
         ),

@@ -49,6 +49,8 @@ def check(config: Mapping[str, Any]) -> None:
             raise SnapevalError(error, f"model.config_overrides.{key}")
     if str(model.get("device", "")).startswith("cuda") and no_gpu_here():
         raise SnapevalError("CUDA is not available on this machine; use auto or cpu", "model.device")
+    if config["run"]["compile"] == "graphs" and (str(model.get("device")) == "cpu" or no_gpu_here()):
+        raise SnapevalError("CUDA graphs need a GPU, and this run has none; use on or off", "run.compile")
     window = model["max_context"]
     if task.get("context_length", 0) > window:
         raise SnapevalError(
