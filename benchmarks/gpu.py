@@ -6,10 +6,13 @@ API (``install``, ``build_cache``, ``ContinuousBatcher``, ``prefill_logits``), i
 
 * prefill: seconds and peak device memory of one prompt per context, plain transformers (a
   ``DynamicCache``) vs the engine's full cache vs SnapStream;
-* decode: ms per step and tokens/s of the full cache vs SnapStream rows at equal KV memory (SnapStream
-  gets ``rows x context / budget`` rows), eager and compiled (on CUDA a CUDA graph), with the warm-up
-  seconds (compile included), the bytes a step must read (the weights once, every held K/V byte once),
-  the floor those take at the measured copy bandwidth, and the step's ratio to that floor;
+* decode, per context (8k, 32k, 128k): ms per step and tokens/s of the full cache (4 rows; 1 at 128k)
+  vs SnapStream rows at equal KV memory (``rows x context / budget`` rows), in each compile mode (off,
+  and on: on CUDA a CUDA graph), then plain transformers on the full cache's rows and prompt
+  (``gpu_peer.py``: eager over a ``DynamicCache``, and over a ``StaticCache`` with the one-token forward
+  compiled), with the warm-up seconds (compile included), the bytes a step must read (the weights once,
+  every held K/V byte once), the floor those take at the measured copy bandwidth, and the step's ratio
+  to that floor; with ``--profile DIR``, each setting's top 15 kernels per step (``gpu_profile.py``);
 * exactness on a small float32 model on the same device: full cache == plain transformers, SnapStream
   at a budget holding the prompt == full, batched rows == each alone, compiled == eager, and the decode
   attention's bits the same on re-run and whatever the other rows hold;
@@ -17,9 +20,11 @@ API (``install``, ``build_cache``, ``ContinuousBatcher``, ``prefill_logits``), i
   layers; on a CPU at the stand-in size), the old path (``from_pretrained`` then ``.to``) vs
   ``load_model`` (``device_map``), each in a fresh process (``benchmarks/load_memory.py``).
 
-    python benchmarks/gpu.py --smoke                                # CPU stand-in, ~1 min (CI)
-    python benchmarks/gpu.py                                        # CUDA: 8k and 32k, 8B shape
+    python benchmarks/gpu.py --smoke                                # CPU stand-in, ~30 s (CI)
+    python benchmarks/gpu.py --smoke --profile /tmp/prof            # and each setting's top kernels
+    python benchmarks/gpu.py                                        # CUDA: 8k, 32k and 128k, 8B shape
     python benchmarks/gpu.py --contexts 8192 --compile off          # quicker
+    python benchmarks/gpu.py --full-rows 4 4 1 --compile on --profile prof  # rows per context
 
 The GPU machines lent here have torch and transformers but not hydra/omegaconf, which snapeval's
 parameter declarations import: carry them, ``pip install --no-deps --target .gpu-deps hydra-core
@@ -32,10 +37,13 @@ import argparse
 import platform
 import tempfile
 import time
+from pathlib import Path
 
+import gpu_peer
 import load_memory
 import torch
 import transformers
+from gpu_profile import TOP, StepProfile, setting_profile, synchronize
 from tabulate import tabulate
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
@@ -96,11 +104,6 @@ def load_rows(shape: dict, dtype: torch.dtype, device: torch.device) -> list[lis
         return load_memory.rows([folder], str(device), name_of=lambda _: name)[0]
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def peak_gib(device: torch.device) -> str:
     return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f}" if device.type == "cuda" else "-"
 
@@ -159,11 +162,12 @@ def copy_bandwidth(device: torch.device) -> float:
 
 
 @torch.inference_mode()
-def decode_row(model, context: int, cache: dict, rows: int, steps: int, compile_mode: str, bandwidth: float):
-    """One decode measurement: ``rows`` rows of ``cache`` after a ``context``-token prompt."""
+def decode_row(model, context: int, cache: dict, rows: int, args, mode: str, profile: StepProfile | None):
+    """One decode measurement: ``rows`` rows of ``cache`` after a ``context``-token prompt, ``args.steps``
+    new tokens; then, with a ``profile``, a run of as many under the profiler (ticked by row 0)."""
     ids = tuple(prompt_ids(context, model.config.vocab_size))
-    requests = [Request(ids, cache, steps, tag=row) for row in range(rows)]  # one shared prefill
-    batcher = ContinuousBatcher(model, rows, compile_mode)
+    requests = [Request(ids, cache, args.steps, tag=row) for row in range(rows)]  # one shared prefill
+    batcher = ContinuousBatcher(model, rows, mode)
     batcher.reserve(requests)
     start = time.perf_counter()
     batcher.run([Request(ids, cache, 3, tag="warm-up")], lambda answer: None)
@@ -172,33 +176,37 @@ def decode_row(model, context: int, cache: dict, rows: int, steps: int, compile_
     answers = []
     batcher.run(requests, answers.append)
     ms = 1000 * batcher.step_seconds / batcher.steps
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if profile is not None:  # every row stops once row 0 has ticked the profile through its steps
+        with profile:
+            stops = [profile.tick, *[lambda _: profile.written] * (rows - 1)]
+            profiled = [
+                Request(ids, cache, args.steps, should_stop=stop, tag=row) for row, stop in enumerate(stops)
+            ]
+            batcher.run(profiled, lambda answer: None)
     kv = sum(answer.kv_bytes for answer in answers)
-    floor_ms = 1000 * (weights + kv) / bandwidth
-    return [
-        f"{kv / rows / 2**20:,.1f}",
-        rows,
-        compile_mode,
-        f"{warm:.1f}",
-        f"{ms:.2f}",
-        f"{1000 * rows / ms:,.0f}",
-        f"{floor_ms:.2f}",
-        f"{ms / floor_ms:.1f}x",
-    ]
+    return gpu_peer.columns(model, kv, rows, mode, warm, ms, args.bandwidth)
 
 
-def decode_rows(model, args, budget_of: dict[int, int], bandwidth: float) -> list[list]:
+def decode_rows(model, args, budget_of: dict[int, int]) -> list[list]:
+    """Per context: the full cache and SnapStream at equal KV memory in every compile mode, then the
+    transformers peers on the full cache's rows."""
     rows = []
-    for context in args.contexts:
-        full_rows = args.full_rows
-        settings = [("full", {"method": "full"}, full_rows)]
+    for context, full_rows in zip(args.contexts, args.full_rows, strict=True):
         budget = budget_of[context]
-        settings.append((f"snapstream {budget}", snapstream(budget), full_rows * context // budget))
+        settings = [
+            ("full", {"method": "full"}, full_rows),
+            (f"snapstream {budget}", snapstream(budget), full_rows * context // budget),
+        ]
         for name, cache, count in settings:
             for mode in args.compile_modes:
-                rows.append(
-                    [context, name, *decode_row(model, context, cache, count, args.steps, mode, bandwidth)]
-                )
+                title = f"{context} tokens, {name}, {count} rows, compile {mode}"
+                measured = decode_row(model, context, cache, count, args, mode, setting_profile(args, title))
+                rows.append([context, name, *measured])
+        ids = prompt_ids(context, model.config.vocab_size)
+        for name, mode in gpu_peer.peers(args.compile_modes):
+            profile = setting_profile(args, f"{context} tokens, {name}, {full_rows} rows, compile {mode}")
+            measured = gpu_peer.decode_peer(model, ids, full_rows, args.steps, mode, args.bandwidth, profile)
+            rows.append([context, name, *measured])
     return rows
 
 
@@ -248,35 +256,69 @@ def exactness(device: torch.device, compile_modes: list[str]) -> list[list]:
     return [[check, "PASS" if passed else "FAIL"] for check, passed in results]
 
 
-def main() -> None:
+COMPILE_MODES = ("off", "on")  # the engine's run.compile values the decode table times, in this order
+PER_CONTEXT = {"budgets": ({8192: 1024}, 4096), "full_rows": ({131072: 1}, 4)}  # ({context: default}, else)
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--smoke", action="store_true", help="CPU stand-in sizes, compile off (CI)")
-    parser.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[8192, 32768, 131072])
+    each = "one for every context or one per context"
     parser.add_argument(
-        "--budgets", type=int, nargs="+", default=[1024, 4096], help="SnapStream's, per context"
+        "--budgets", type=int, nargs="+", help=f"SnapStream's, {each} (1024 at 8k, else 4096)"
     )
-    parser.add_argument("--full-rows", type=int, default=4, help="full-cache rows (SnapStream: equal memory)")
+    parser.add_argument(
+        "--full-rows",
+        type=int,
+        nargs="+",
+        help=f"full-cache rows, {each} (4, at 128k 1); SnapStream: rows x context / budget, equal KV memory",
+    )
     parser.add_argument("--steps", type=int, default=64, help="decode steps timed per setting")
-    parser.add_argument("--compile", choices=["off", "on", "both"], help="default: both (smoke: off)")
+    parser.add_argument(
+        "--compile",
+        nargs="+",
+        choices=[*COMPILE_MODES, "both"],
+        help="the decode step's run.compile modes; both: all of them (default; smoke: off)",
+    )
+    parser.add_argument(
+        "--profile", type=Path, metavar="DIR", help="write each decode setting's top kernels here"
+    )
     args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    if args.smoke:
-        args.contexts, args.budgets, args.full_rows, args.steps = [512], [128], 2, 8
-    args.compile = args.compile or ("off" if args.smoke else "both")
-    args.compile_modes = ["off", "on"] if args.compile == "both" else [args.compile]
+    if args.smoke:  # stand-ins for 8k/32k (4 full rows) and 128k (1 full row): 8 SnapStream rows each
+        args.contexts, args.budgets, args.full_rows, args.steps = [512, 1024], [128], [2, 1], 8
+    compile_modes = args.compile or (["off"] if args.smoke else ["both"])
+    args.compile_modes = [m for m in COMPILE_MODES if m in compile_modes or "both" in compile_modes]
+    for flag, (given, otherwise) in PER_CONTEXT.items():
+        values = getattr(args, flag) or [given.get(context, otherwise) for context in args.contexts]
+        values = values * len(args.contexts) if len(values) == 1 else values
+        if len(values) != len(args.contexts):
+            parser.error(f"--{flag.replace('_', '-')}: {each}")
+        setattr(args, flag, values)
+    args.device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    return args
+
+
+def main() -> None:
+    args = arguments()
+    device = args.device
     budget_of = dict(zip(args.contexts, args.budgets, strict=True))
     transformers.utils.logging.disable_progress_bar()
+    torch._dynamo.config.recompile_limit = 64  # every setting compiles the same step function anew
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
     shape = LLAMA_8B if device.type == "cuda" else STAND_IN
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     versions = f"torch {torch.__version__}  transformers {transformers.__version__}"
-    print(f"{time.strftime('%Y-%m-%d %H:%M')}  {name}  {versions}")
+    args.header = f"{time.strftime('%Y-%m-%d %H:%M')}  {name}  {versions}"
+    print(args.header)
     model = build(shape, dtype, device)
     parameters = sum(p.numel() for p in model.parameters())
-    bandwidth = copy_bandwidth(device)
-    print(f"model: Llama {parameters / 1e6:,.1f} M parameters, {dtype}; copy {bandwidth / 1e9:.0f} GB/s\n")
+    args.bandwidth = copy_bandwidth(device)
+    print(
+        f"model: Llama {parameters / 1e6:,.1f} M parameters, {dtype}; copy {args.bandwidth / 1e9:.0f} GB/s\n"
+    )
     print(
         tabulate(
             prefill_rows(model, args.contexts, budget_of), headers=["context", "prefill", "s", "peak GiB"]
@@ -284,9 +326,9 @@ def main() -> None:
     )
     headers = ["context", "decode", "KV MiB/row", "rows", "compile", "warm-up s", "ms/step", "tokens/s"]
     print()
-    print(
-        tabulate(decode_rows(model, args, budget_of, bandwidth), headers=[*headers, "floor ms", "vs floor"])
-    )
+    print(tabulate(decode_rows(model, args, budget_of), headers=[*headers, "floor ms", "vs floor"]))
+    if args.profile is not None:
+        print(f"profiles: top {TOP} kernels per step of each decode setting in {args.profile}/")
     del model
     print()
     print(
