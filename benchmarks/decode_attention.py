@@ -8,6 +8,8 @@ which slots each row holds (the engine always passes one at decode), it times, i
 * ``enable_gqa``: SDPA's own GQA flag with the mask;
 * ``grouped``: :func:`snapeval.cache.decode_attention.grouped_decode_attention` (each KV head's query heads
   stacked as its query rows: every held byte read once);
+* ``split``: :func:`snapeval.cache.decode_attention.split_decode_attention` (the same attention over
+  chunks of ``SPLIT_CHUNK`` slots combined by log-sum-exp, float32 softmax: built for a GPU's SMs);
 
 and, for MLA at DeepSeek-V2-Lite's geometry, the model's ``expand_kv`` of every held latent then SDPA vs
 :func:`snapeval.cache.mla.absorbed_decode_attention` (attention in latent space).
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 from machine import available_cores, cpu_model
 from tabulate import tabulate
 
-from snapeval.cache.decode_attention import grouped_decode_attention
+from snapeval.cache.decode_attention import grouped_decode_attention, split_decode_attention
 
 
 def variants(kv_heads: int, heads: int) -> dict[str, Callable]:
@@ -48,7 +50,12 @@ def variants(kv_heads: int, heads: int) -> dict[str, Callable]:
             query, key, value, attn_mask=mask, scale=scaling, enable_gqa=True
         )
 
-    return {"repeat_kv": repeat_kv, "enable_gqa": enable_gqa, "grouped": grouped_decode_attention}
+    return {
+        "repeat_kv": repeat_kv,
+        "enable_gqa": enable_gqa,
+        "grouped": grouped_decode_attention,
+        "split": split_decode_attention,
+    }
 
 
 def measure(args: argparse.Namespace, rows: int, slots: int) -> list[list]:
@@ -68,7 +75,7 @@ def measure(args: argparse.Namespace, rows: int, slots: int) -> list[list]:
             for _ in range(args.calls):
                 output = calls[name](query, key, value, mask, scaling)
             timings[name].append((time.perf_counter() - start) / args.calls * 1e3)
-            if name == "grouped":
+            if name in ("grouped", "split"):
                 torch.testing.assert_close(output, reference, atol=1e-5, rtol=1e-5)
     base = statistics.median(timings["repeat_kv"])
     return [

@@ -70,8 +70,8 @@ def random_requests(count: int, max_new: int, seed: int = 1) -> list[Request]:
     return requests
 
 
-def answers(model, requests, rows, compile="off", refill=True):
-    batcher = ContinuousBatcher(model, rows, compile, refill)
+def answers(model, requests, rows, compile="off", refill=True, decode_attention="auto"):
+    batcher = ContinuousBatcher(model, rows, compile, refill, decode_attention)
     got = {}
     batcher.run(requests, lambda answer: got.__setitem__(answer.request.tag, answer))
     return got, batcher
@@ -152,6 +152,26 @@ def test_refilled_rows_equal_static_batches_and_one_by_one(tiny):
     assert steps_continuous.steps < steps_static.steps  # refilling never waits for the longest row
 
 
+def test_split_kv_decode_attention_rows_equal_one_by_one(tiny):
+    """``run.decode_attention=split`` (a GPU's default, chosen here on CPU): every method's rows, refilled,
+    give the one-by-one tokens, and every decode call of the step went through the split attention."""
+    from snapeval.cache import attention
+
+    requests, calls = random_requests(12, max_new=40, seed=9), []
+    original = attention.split_decode_attention
+
+    def counted(*args):
+        calls.append(args[0].shape[0])
+        return original(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "split_decode_attention", counted)
+        got, batcher = answers(tiny, requests, rows=3, decode_attention="split")
+    assert len(calls) >= batcher.steps * tiny.config.num_hidden_layers
+    for request in requests:
+        assert got[request.tag].tokens == alone(tiny, request).tokens, request.cache
+
+
 def test_draws_of_one_prompt_share_one_prefill_and_split_its_seconds(tiny):
     ids = tuple(range(5, 60))
     draws = [Request(ids, SNAPSTREAM, 30, Sampling(True, 1.0, 1.0, seed), tag=seed) for seed in range(4)]
@@ -223,3 +243,20 @@ def test_a_follow_up_longer_than_any_first_request_grows_the_rows(tiny):
     assert batcher.slots.capacity == 117 + 30
     for request in [*first, longer]:
         assert got[request.tag].tokens == alone(tiny, request).tokens
+
+
+def test_auto_splits_on_a_gpu_only_where_the_rows_leave_multiprocessors_idle(monkeypatch):
+    from types import SimpleNamespace
+
+    from snapeval.decode.continuous.compiled import splits_decode
+    from snapeval.errors import SnapevalError
+
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132)
+    )
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert splits_decode("auto", cuda, 1 * 8) and not splits_decode("auto", cuda, 32 * 8)
+    assert not splits_decode("auto", cpu, 1 * 8)
+    assert splits_decode("split", cpu, 32 * 8) and not splits_decode("grouped", cuda, 1 * 8)
+    with pytest.raises(SnapevalError, match="run.decode_attention: choose one of auto, grouped, split"):
+        splits_decode("flash", cuda, 8)

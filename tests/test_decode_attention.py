@@ -1,6 +1,8 @@
-"""The decode step's grouped attention (snapeval/cache/decode_attention.py) against a naive float64
-reference: random held-slot layouts (a mask per row, or per query head as a sliding window's), GQA groups
-of 1, 4 and 8, value widths apart from the key's (MLA); and a row's output does not depend on the others."""
+"""The decode step's grouped and split attention (snapeval/cache/decode_attention.py) against a naive
+float64 reference: random held-slot layouts (a mask per row, or per query head as a sliding window's), GQA
+groups of 1, 4 and 8, value widths apart from the key's (MLA); and a row's output does not depend on the
+others. The split attention runs with chunks of 8 slots, so several chunks, a shorter last one and a
+chunk that sees no slot occur."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import math
 import pytest
 import torch
 
-from snapeval.cache.decode_attention import grouped_decode_attention
+from snapeval.cache.decode_attention import grouped_decode_attention, split_decode_attention
 
 ROWS, SLOTS, DIM = 3, 40, 16
 
@@ -30,13 +32,13 @@ def naive(query, key, value, mask, scaling):
     return output
 
 
-def inputs(kv_heads: int, group: int, value_dim: int, per_head: bool, seed: int = 0):
+def inputs(kv_heads: int, group: int, value_dim: int, per_head: bool, seed: int = 0, slots: int = SLOTS):
     generator = torch.Generator().manual_seed(seed)
     heads = kv_heads * group
     query = torch.randn(ROWS, heads, 1, DIM, generator=generator)
-    key = torch.randn(ROWS, kv_heads, SLOTS, DIM, generator=generator)
-    value = torch.randn(ROWS, kv_heads, SLOTS, value_dim, generator=generator)
-    mask = torch.rand(ROWS, heads if per_head else 1, 1, SLOTS, generator=generator) < 0.6
+    key = torch.randn(ROWS, kv_heads, slots, DIM, generator=generator)
+    value = torch.randn(ROWS, kv_heads, slots, value_dim, generator=generator)
+    mask = torch.rand(ROWS, heads if per_head else 1, 1, slots, generator=generator) < 0.6
     mask[..., 0] = True  # every query head sees at least one slot
     return query, key, value, mask
 
@@ -137,3 +139,115 @@ def test_an_mla_decode_step_never_expands_the_held_latent(monkeypatch):
     ContinuousBatcher(model, rows=2).run(requests, lambda answer: None)
     # the batcher's one-token probe of what the model caches, then the 40-token prefill; no held slots
     assert {shape[2] for shape in expanded} == {1, 40}
+
+
+CHUNK = 8
+LAYOUTS = {"GQA": (2, DIM), "MLA-like": (1, 12)}  # KV heads, value width
+
+
+def split_inputs(layout: str, group: int, per_head: bool, slots: int, seed: int = 0):
+    """:func:`inputs` with slots 8 to 15 (the second chunk of 8) hidden from every query head."""
+    kv_heads, value_dim = LAYOUTS[layout]
+    query, key, value, mask = inputs(kv_heads, group, value_dim, per_head, seed, slots)
+    mask[..., CHUNK : 2 * CHUNK] = False
+    return query, key, value, mask
+
+
+@pytest.mark.parametrize("slots", [5, 40, 45], ids=["one short chunk", "5 chunks", "5 chunks and 5"])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("per_head", [False, True], ids=["row mask", "per-head (window) mask"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_split_decode_attention_equals_the_naive_reference_and_grouped(layout, group, per_head, slots):
+    query, key, value, mask = split_inputs(layout, group, per_head, slots)
+    output = split_decode_attention(query, key, value, mask, 0.25, chunk=CHUNK)
+    assert output.shape == (ROWS, 1, key.shape[1] * group, value.shape[-1])
+    assert output.dtype == query.dtype
+    torch.testing.assert_close(output.double(), naive(query, key, value, mask, 0.25), atol=1e-5, rtol=1e-5)
+    grouped = grouped_decode_attention(query, key, value, mask, 0.25)
+    torch.testing.assert_close(output, grouped, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_split_with_no_mask_attends_to_every_slot(layout):
+    query, key, value, _ = split_inputs(layout, 4, False, 45)
+    output = split_decode_attention(query, key, value, None, DIM**-0.5, chunk=CHUNK)
+    expected = naive(query, key, value, None, DIM**-0.5)
+    torch.testing.assert_close(output.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_split_hidden_slots_contribute_nothing_whatever_they_hold():
+    """The chunk that sees no slot, and every hidden slot, weighs exactly 0: the same bits whatever
+    finite keys and values it holds."""
+    query, key, value, mask = split_inputs("GQA", 4, True, 45)
+    first = split_decode_attention(query, key, value, mask, 0.25, chunk=CHUNK)
+    hidden = ~mask.reshape(ROWS, 2, 4, 45).any(dim=2).unsqueeze(-1)  # (rows, kv_heads, slots, 1)
+    key, value = key.masked_fill(hidden, 1e4), value.masked_fill(hidden, -1e4)
+    assert torch.equal(split_decode_attention(query, key, value, mask, 0.25, chunk=CHUNK), first)
+
+
+def test_split_a_head_that_sees_no_slot_gets_zeros_as_from_grouped_sdpa():
+    query, key, value, mask = split_inputs("GQA", 4, True, 45)
+    mask[0, 1] = False  # row 0's query head 1 sees nothing
+    mask[2] = False  # nor does any head of row 2
+    output = split_decode_attention(query, key, value, mask, 0.25, chunk=CHUNK)
+    assert torch.equal(output[0, 0, 1], torch.zeros(DIM)) and torch.equal(output[2], torch.zeros(1, 8, DIM))
+    torch.testing.assert_close(output, grouped_decode_attention(query, key, value, mask, 0.25))
+
+
+def test_split_a_rows_output_is_the_same_bits_whatever_the_other_rows_hold():
+    query, key, value, mask = split_inputs("GQA", 4, True, 45)
+    other = split_inputs("GQA", 4, True, 45, seed=1)
+    changed = [tensor.clone() for tensor in (query, key, value, mask)]
+    for tensor, replacement in zip(changed, other, strict=True):
+        tensor[1:] = replacement[1:]  # rows 1 and 2 hold something else
+    first = split_decode_attention(query, key, value, mask, 0.25, chunk=CHUNK)
+    again = split_decode_attention(*changed, 0.25, chunk=CHUNK)
+    assert torch.equal(first[0], again[0])
+    assert torch.equal(first, split_decode_attention(query, key, value, mask, 0.25, chunk=CHUNK))  # re-run
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_split_in_half_precision_is_within_its_rounding_of_the_float64_reference(dtype):
+    query, key, value, mask = (
+        tensor.to(dtype) if tensor.is_floating_point() else tensor
+        for tensor in split_inputs("GQA", 4, True, 45)
+    )
+    output = split_decode_attention(query, key, value, mask, 0.25, chunk=CHUNK)
+    assert output.dtype == dtype
+    expected = naive(query, key, value, mask, 0.25)  # of the same rounded inputs
+    # computed in float32, rounded once at the end: within one unit in the last place of the reference
+    torch.testing.assert_close(output.double(), expected, atol=1e-5, rtol=torch.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("family", list(LAYOUTS))
+def test_split_on_cuda_multiplies_half_precision_as_it_is_within_flash_rounding(family, monkeypatch):
+    """The CUDA path (``aten.bmm.dtype``: bf16 matrices in, float32 out; the weights rounded to bf16 before
+    they meet the values, as flash attention does), run here with an emulated ``bmm.dtype``: the
+    reshapes around it are right and the result is within bf16 rounding of the float64 reference."""
+    from snapeval.cache import decode_attention
+
+    multiplied = []
+
+    def emulated(first, second):
+        assert first.dtype == second.dtype == torch.bfloat16  # nothing upcast before the multiply
+        multiplied.append(first.shape)
+        return torch.bmm(first.float(), second.float())
+
+    monkeypatch.setattr(decode_attention, "_mixes", lambda tensor: tensor.dtype == torch.bfloat16)
+    monkeypatch.setattr(decode_attention, "_bmm_float32", emulated)
+    query, key, value, mask = (
+        tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+        for tensor in split_inputs(family, 4, True, 45)
+    )
+    output = split_decode_attention(query, key, value, mask, 0.25, chunk=CHUNK)
+    assert len(multiplied) == 3  # the scores, the whole chunks, the shorter last chunk
+    expected = naive(query, key, value, mask, 0.25)
+    torch.testing.assert_close(output.double(), expected, atol=1e-2, rtol=2**-6)
+
+
+def test_split_compiles_into_one_graph_that_equals_eager():
+    query, key, value, mask = split_inputs("GQA", 4, True, 21)
+    compiled = torch.compile(split_decode_attention, fullgraph=True, dynamic=False)
+    output = compiled(query, key, value, mask, 0.25, chunk=CHUNK)
+    eager = split_decode_attention(query, key, value, mask, 0.25, chunk=CHUNK)
+    torch.testing.assert_close(output, eager, atol=1e-5, rtol=1e-5)

@@ -47,7 +47,9 @@ STORE = r"{name}\[static_cast<int64_t>\((.*?)\)\] =|\.store\({name} \+ static_ca
 def stores_into(code: str, shapes: set[tuple[int, ...]]) -> tuple[list[str], list[str]]:
     """(index expressions of every store the generated kernels make into a graph input of one of
     ``shapes``, wrapper lines that copy into one or allocate one of its size)."""
-    inputs = {name for name, dims in SHAPE.findall(code) if tuple(map(int, re.findall(r"\d+", dims))) in shapes}
+    inputs = {
+        name for name, dims in SHAPE.findall(code) if tuple(map(int, re.findall(r"\d+", dims))) in shapes
+    }
     kernels = {
         name: ([p.split()[-1].lstrip("*") for p in params.split(",")], body)
         for name, params, body in KERNEL.findall(code)

@@ -38,7 +38,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from snapeval.cache.base import SnapevalCache
-from snapeval.cache.decode_attention import grouped_decode_attention
+from snapeval.cache.decode_attention import grouped_decode_attention, split_decode_attention
 from snapeval.cache.method import LAYER_WINDOW
 from snapeval.cache.mla import absorbed_decode_attention, is_latent, up_projections
 from snapeval.cache.rope import key_rotation, rope_inv_freq
@@ -108,6 +108,7 @@ def snapeval_attention(
         cache.finish_prefill(layer_idx, query, valid, scaling, module, inputs)
         return output
     window, heads = kwargs.get("sliding_window"), query.shape[1]
+    split = getattr(cache, "split_decode", False)  # the batcher's rows on a GPU: split-KV attention
     if hasattr(cache, "decode_parts"):  # the batcher's rows, in classes of their own capacity
         parts = cache.decode_parts(layer_idx, key, value, heads, window)
     else:
@@ -125,9 +126,8 @@ def snapeval_attention(
             part_key, part_value = expand(part_key, part_value)
         if isinstance(cache, SnapevalCache):
             part_key = cache.attention_keys(layer_idx, part_key, module)
-        outputs.append(
-            _decode_attention(module, base, one_token, query[rows], part_key, part_value, mask, kwargs)
-        )
+        one = (split_decode_attention if split else grouped_decode_attention) if one_token else None
+        outputs.append(_decode_attention(module, base, one, query[rows], part_key, part_value, mask, kwargs))
     cache.record(layer_idx, query, module, inputs)  # a cache that evicts while decoding notes the step
     return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), None
 
@@ -135,7 +135,7 @@ def snapeval_attention(
 def _decode_attention(
     module: torch.nn.Module,
     base: Callable,
-    one_token: bool,
+    one_token: Callable | None,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -143,10 +143,10 @@ def _decode_attention(
     kwargs: dict[str, Any],
 ) -> torch.Tensor:
     """(rows, queries, heads, value_dim) decode attention of ``query`` over the held ``key``/``value``
-    with the cache's ``mask``: grouped for one token over SDPA, else the base attention (an eager one
-    with the mask as additive floats)."""
-    if one_token:
-        return grouped_decode_attention(query, key, value, mask, kwargs.get("scaling"))
+    with the cache's ``mask``: ``one_token`` (grouped or split-KV) for one token over SDPA, else the base
+    attention (an eager one with the mask as additive floats)."""
+    if one_token is not None:
+        return one_token(query, key, value, mask, kwargs.get("scaling"))
     kwargs = {**kwargs, "is_causal": False}
     if mask is not None and base is not sdpa_attention_forward:  # eager attention adds its mask
         mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(

@@ -12,13 +12,13 @@ path),
 ``package.module:ClassName``) and that method's parameters (its class's constructor arguments, e.g.
 ``budget``, ``ratio``, ``window``, ``sinks``, ``ring``), ``compression`` (query_aware: the whole context is
 compressed; query_agnostic: the context up to the last occurrence of ``query_start`` is compressed and the
-rest appended after), ``max_length`` (default: the model's window),
-``compile`` (the decode step: auto | off | on | graphs). ``generate_until`` requests go through snapeval's continuous
-batcher: lm-eval's ``--batch_size`` rows decode together (an integer; ``auto`` means ``run.batch_size``'s
-default), each refilled as soon as its answer ends, and identical requests (lm-eval's ``repeats``) share
-one prefill. A context becomes a request as the runner's prompts do (:mod:`snapeval.run.requests`), cut
-in the middle of its ids when it does not fit; ``compression``, ``compile``, ``dtype`` and ``device`` take
-what their config fields take.
+rest appended after), ``max_length`` (default: the model's window), ``compile`` (the decode step: auto |
+off | on | graphs). ``generate_until`` requests go through snapeval's continuous batcher: lm-eval's
+``--batch_size`` rows decode together (an integer; ``auto`` means ``run.batch_size``'s default), each
+refilled as soon as its answer ends, and identical requests (lm-eval's ``repeats``) share one prefill.
+A context becomes a request as the runner's prompts do (:mod:`snapeval.run.requests`), cut in the middle
+of its ids when it does not fit; ``compression``, ``compile``, ``dtype`` and ``device`` take what their
+config fields take.
 """
 
 from __future__ import annotations

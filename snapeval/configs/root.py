@@ -44,6 +44,8 @@ MAX_REQUESTS = 1_000_000
 COMPILE_MODES = ("auto", "on", "off", "graphs")
 """``run.compile``: compiled with CUDA graphs on a GPU and eager on CPU, always compiled, never, or the
 eager step captured as CUDA graphs (a GPU only; no compile wait)."""
+DECODE_ATTENTIONS = ("auto", "grouped", "split")
+"""``run.decode_attention``: split-KV on a GPU and grouped SDPA on CPU, or either everywhere."""
 
 
 def budgeted_method(value: Any) -> str | None:
@@ -67,6 +69,9 @@ class RunConfig(Checked):
     batch_size: int = setting(8, check=integer(), stored=False, help="rows decoding together")
     compile: str = setting(
         "auto", check=choice(*COMPILE_MODES), stored=False, help="the compiled decode step"
+    )
+    decode_attention: str = setting(
+        "auto", check=choice(*DECODE_ATTENTIONS), stored=False, help="one decode token's attention kernel"
     )
     progress: bool = setting(True, check=boolean, stored=False, help="a progress bar over samples")
     db: str = setting(

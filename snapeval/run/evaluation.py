@@ -110,8 +110,11 @@ class Evaluation:
         """Generate, score and store every missing (prompt, point), group by group."""
         groups = [self.points] if shares_prefill(self.cfg) else [[point] for point in self.points]
         most = max(sum(prompt.id in point.todo for prompt in prompts for point in group) for group in groups)
-        rows = usable_rows(self.cfg["run"]["batch_size"], most)  # rows beyond the requests stay idle
-        batcher = ContinuousBatcher(self.model, rows, self.cfg["run"]["compile"])
+        run = self.cfg["run"]
+        rows = usable_rows(run["batch_size"], most)  # rows beyond the requests stay idle
+        batcher = ContinuousBatcher(
+            self.model, rows, run["compile"], decode_attention=run["decode_attention"]
+        )
         with self.progress:  # closed before an error is reported, so its line comes last
             for group in groups:
                 self.run_group(batcher, group, prompts, lease_s)

@@ -20,7 +20,13 @@ from snapeval.cache.attention import cache_keyword
 from snapeval.cache.slots import cached_shapes
 from snapeval.decode.batch_rows import check_rows_fit
 from snapeval.decode.continuous.classes import RowClasses, plan_classes
-from snapeval.decode.continuous.compiled import compile_step, pin_for_cuda_graphs, step_mode
+from snapeval.decode.continuous.compiled import (
+    check_decode_attention,
+    compile_step,
+    pin_for_cuda_graphs,
+    splits_decode,
+    step_mode,
+)
 from snapeval.decode.continuous.graphs import GraphedStep
 from snapeval.decode.continuous.prefills import Prefill, fill
 from snapeval.decode.continuous.rows import Row, RowSampling, across_ranks, answer_of, load_row
@@ -35,14 +41,24 @@ class ContinuousBatcher:
 
     ``compile``: auto | off | on | graphs (see :func:`~snapeval.decode.continuous.compiled.step_mode`).
     ``refill`` false waits until every row has stopped before admitting new requests: static batches at
-    the same fixed shape (for comparison).
+    the same fixed shape (for comparison). ``decode_attention``: auto | grouped | split (see
+    :func:`~snapeval.decode.continuous.compiled.splits_decode`).
     """
 
-    def __init__(self, model: PreTrainedModel, rows: int, compile: str = "off", refill: bool = True) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        rows: int,
+        compile: str = "off",
+        refill: bool = True,
+        decode_attention: str = "auto",
+    ) -> None:
         if not isinstance(rows, int) or rows <= 0:
             raise SnapevalError(f"must be a positive integer, got {rows!r}", "run.batch_size")
         self.model, self.rows, self.refill = model, rows, refill
         self.mode = step_mode(compile, model.device)
+        check_decode_attention(decode_attention)
+        self.decode_attention = decode_attention
         self.slots: RowClasses | None = None
         self.cache_keyword = cache_keyword(model)
         self.steps = 0  # decode steps run, and their wall seconds (all runs of this batcher)
@@ -99,7 +115,8 @@ class ContinuousBatcher:
             plan = plan_classes(needs, self.rows)
             shapes = cached_shapes(self.model)  # one probing forward for the check and the rows
             check_rows_fit(plan, shapes, self.model.device)
-            self.slots = RowClasses.for_model(self.model, plan, shapes)
+            split = splits_decode(self.decode_attention, self.model.device, self.rows * shapes.kv_heads)
+            self.slots = RowClasses.for_model(self.model, plan, shapes, split)
             pin_for_cuda_graphs(self.slots.tensors())
 
 

@@ -63,8 +63,9 @@ class RowClasses:
     owns_decode_mask = True
     """The snapeval attention asks the cache for its decode masks (:meth:`decode_parts`)."""
 
-    def __init__(self, parts: list[SlotCache]) -> None:
+    def __init__(self, parts: list[SlotCache], split_decode: bool = False) -> None:
         self.parts = parts
+        self.split_decode = split_decode  # the attention splits each row's slots into chunks (a GPU's)
         self.offsets = [sum(part.rows for part in parts[:index]) for index in range(len(parts))]
         self.rows = sum(part.rows for part in parts)
         self.capacity = parts[-1].capacity
@@ -73,9 +74,13 @@ class RowClasses:
         self.unused_mask = torch.ones(self.rows, 1, 1, 1, dtype=torch.bool, device=device)
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, plan: list[tuple[int, int]], shapes: tuple) -> RowClasses:
-        """Rows for ``model`` in the classes of ``plan`` (:func:`plan_classes`)."""
-        return cls([SlotCache.for_model(model, rows, capacity, shapes) for capacity, rows in plan])
+    def for_model(
+        cls, model: torch.nn.Module, plan: list[tuple[int, int]], shapes: tuple, split_decode: bool = False
+    ) -> RowClasses:
+        """Rows for ``model`` in the classes of ``plan`` (:func:`plan_classes`), attended with
+        :func:`~snapeval.cache.decode_attention.split_decode_attention` when ``split_decode``."""
+        parts = [SlotCache.for_model(model, rows, capacity, shapes) for capacity, rows in plan]
+        return cls(parts, split_decode)
 
     # --- rows -----------------------------------------------------------------------------------
     def part_index(self, row: int) -> int:
@@ -103,7 +108,7 @@ class RowClasses:
 
     def grown(self, capacity: int) -> RowClasses:
         """A copy whose largest part holds ``capacity`` slots per row (see :meth:`SlotCache.grown`)."""
-        return RowClasses([*self.parts[:-1], self.parts[-1].grown(capacity)])
+        return RowClasses([*self.parts[:-1], self.parts[-1].grown(capacity)], self.split_decode)
 
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer of every part (their storage never changes while they live)."""

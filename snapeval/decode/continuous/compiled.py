@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from snapeval.configs.root import COMPILE_MODES
+from snapeval.configs.root import COMPILE_MODES, DECODE_ATTENTIONS
 from snapeval.errors import SnapevalError
 
 
@@ -30,6 +30,30 @@ def step_mode(mode: str, device: torch.device) -> str:
     if mode == "on" or (mode == "auto" and device.type == "cuda"):
         return "compiled"
     return "graphs" if mode == "graphs" else "eager"
+
+
+def check_decode_attention(choice: str) -> None:
+    """Reject a ``run.decode_attention`` value that is not one of :data:`DECODE_ATTENTIONS`."""
+    if choice not in DECODE_ATTENTIONS:
+        raise SnapevalError(
+            f"choose one of {', '.join(DECODE_ATTENTIONS)}, got {choice!r}", "run.decode_attention"
+        )
+
+
+def splits_decode(choice: str, device: torch.device, programs: int) -> bool:
+    """Whether ``run.decode_attention`` = ``choice`` attends a decode token with the split-KV attention
+    (:func:`~snapeval.cache.decode_attention.split_decode_attention`) for ``programs`` = rows x KV heads.
+
+    ``auto`` splits on CUDA when the fused SDPA kernel, one program per (row, KV head), would leave
+    streaming multiprocessors idle (fewer programs than the device has: 8 at 1 row of Llama-3.1-8B on an
+    H100's 132); grouped SDPA otherwise, and always on CPU. benchmarks/gpu.py times both.
+    """
+    check_decode_attention(choice)
+    if choice != "auto":
+        return choice == "split"
+    if device.type != "cuda":
+        return False
+    return programs < torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def compile_step(step: Callable, device: torch.device) -> Callable:
