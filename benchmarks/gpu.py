@@ -7,15 +7,20 @@ API (``install``, ``build_cache``, ``ContinuousBatcher``, ``prefill_logits``), i
 * prefill: seconds and peak device memory of one prompt per context, plain transformers (a
   ``DynamicCache``) vs the engine's full cache vs SnapStream;
 * decode, per context (8k, 32k, 128k): ms per step and tokens/s of the full cache (4 rows; 1 at 128k)
-  vs SnapStream rows at equal KV memory (``rows x context / budget`` rows), in each compile mode (off,
-  and on: on CUDA a CUDA graph), then plain transformers on the full cache's rows and prompt
-  (``gpu_peer.py``: eager over a ``DynamicCache``, and over a ``StaticCache`` with the one-token forward
-  compiled), with the warm-up seconds (compile included), the bytes a step must read (the weights once,
-  every held K/V byte once), the floor those take at the measured copy bandwidth, and the step's ratio
-  to that floor; with ``--profile DIR``, each setting's top 15 kernels per step (``gpu_profile.py``);
-* exactness on a small float32 model on the same device: full cache == plain transformers, SnapStream
-  at a budget holding the prompt == full, batched rows == each alone, compiled == eager, and the decode
-  attention's bits the same on re-run and whatever the other rows hold;
+  vs SnapStream rows at equal KV memory (``rows x context / budget`` rows), in each compile mode (off;
+  on: on CUDA a CUDA graph; graphs: the eager step captured as CUDA graphs, CUDA only) and each
+  ``--decode-attention`` (the decode name says which attention ran), then plain transformers on the full
+  cache's rows and prompt (``gpu_peer.py``: eager over a ``DynamicCache``, and over a ``StaticCache``
+  with the one-token forward compiled), with the warm-up seconds (compile included), the bytes a step
+  must read (the weights once, every held K/V byte once), the floor those take at the measured copy
+  bandwidth, and the step's ratio to that floor; with ``--profile DIR``, each setting's top 15 kernels per
+  step (``gpu_profile.py``);
+* decode attention alone at the decode table's (rows, held slots): grouped SDPA vs split-KV, ms per
+  layer call against reading the held K and V once (``gpu_exactness.py``);
+* exactness on a small float32 model on the same device (``gpu_exactness.py``): full cache == plain
+  transformers, SnapStream at a budget holding the prompt == full, batched rows == each alone in every
+  compile mode (graphs == eager token for token) and with the split-KV attention, and both decode
+  attentions' bits the same on re-run and whatever the other rows hold (bf16);
 * loading: peak host memory while a saved random Llama loads onto the device (on CUDA at 8B width, 4
   layers; on a CPU at the stand-in size), the old path (``from_pretrained`` then ``.to``) vs
   ``load_model`` (``device_map``), each in a fresh process (``benchmarks/load_memory.py``).
@@ -25,6 +30,7 @@ API (``install``, ``build_cache``, ``ContinuousBatcher``, ``prefill_logits``), i
     python benchmarks/gpu.py                                        # CUDA: 8k, 32k and 128k, 8B shape
     python benchmarks/gpu.py --contexts 8192 --compile off          # quicker
     python benchmarks/gpu.py --full-rows 4 4 1 --compile on --profile prof  # rows per context
+    python benchmarks/gpu.py --compile graphs --decode-attention grouped split   # the two attentions
 
 The GPU machines lent here have torch and transformers but not hydra/omegaconf, which snapeval's
 parameter declarations import: carry them, ``pip install --no-deps --target .gpu-deps hydra-core
@@ -34,6 +40,7 @@ omegaconf antlr4-python3-runtime==4.9.3 tabulate``, then ``PYTHONPATH=.gpu-deps 
 from __future__ import annotations
 
 import argparse
+import itertools
 import platform
 import tempfile
 import time
@@ -43,15 +50,15 @@ import gpu_peer
 import load_memory
 import torch
 import transformers
-from gpu_profile import TOP, StepProfile, setting_profile, synchronize
+from gpu_exactness import attention_rows, exactness, snapstream
+from gpu_profile import TOP, setting_profile, synchronize
 from tabulate import tabulate
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from snapeval.cache import build_cache, install
 from snapeval.cache.attention import cache_keyword
-from snapeval.cache.decode_attention import grouped_decode_attention
 from snapeval.decode.continuous import ContinuousBatcher, Request
-from snapeval.decode.generation import generate, prefill_logits
+from snapeval.decode.generation import prefill_logits
 
 LLAMA_8B = {  # Llama-3.1-8B's geometry
     "hidden_size": 4096,
@@ -142,10 +149,6 @@ def prefill_rows(model, contexts: list[int], budget_of: dict[int, int]) -> list[
     return rows
 
 
-def snapstream(budget: int) -> dict:
-    return {"method": "snapstream", "budget": budget, "window": 32, "ring": min(64, budget // 4)}
-
-
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes per second a large device-to-device copy moves (read + written), the best of five: the rate
     at which a step can read what it must."""
@@ -162,12 +165,14 @@ def copy_bandwidth(device: torch.device) -> float:
 
 
 @torch.inference_mode()
-def decode_row(model, context: int, cache: dict, rows: int, args, mode: str, profile: StepProfile | None):
+def decode_row(model, context: int, cache: dict, rows: int, args, mode: str, attention: str, profile):
     """One decode measurement: ``rows`` rows of ``cache`` after a ``context``-token prompt, ``args.steps``
-    new tokens; then, with a ``profile``, a run of as many under the profiler (ticked by row 0)."""
+    new tokens, the step run as ``run.compile`` = ``mode`` and ``run.decode_attention`` = ``attention``;
+    then, with a ``profile`` (a :class:`StepProfile`), a run of as many under the profiler (ticked by
+    row 0). Returns (the attention that ran, the row's columns)."""
     ids = tuple(prompt_ids(context, model.config.vocab_size))
     requests = [Request(ids, cache, args.steps, tag=row) for row in range(rows)]  # one shared prefill
-    batcher = ContinuousBatcher(model, rows, mode)
+    batcher = ContinuousBatcher(model, rows, mode, decode_attention=attention)
     batcher.reserve(requests)
     start = time.perf_counter()
     batcher.run([Request(ids, cache, 3, tag="warm-up")], lambda answer: None)
@@ -184,7 +189,8 @@ def decode_row(model, context: int, cache: dict, rows: int, args, mode: str, pro
             ]
             batcher.run(profiled, lambda answer: None)
     kv = sum(answer.kv_bytes for answer in answers)
-    return gpu_peer.columns(model, kv, rows, mode, warm, ms, args.bandwidth)
+    ran = "split" if batcher.slots.split_decode else "grouped"
+    return ran, gpu_peer.columns(model, kv, rows, mode, warm, ms, args.bandwidth)
 
 
 def decode_rows(model, args, budget_of: dict[int, int]) -> list[list]:
@@ -197,11 +203,13 @@ def decode_rows(model, args, budget_of: dict[int, int]) -> list[list]:
             ("full", {"method": "full"}, full_rows),
             (f"snapstream {budget}", snapstream(budget), full_rows * context // budget),
         ]
-        for name, cache, count in settings:
-            for mode in args.compile_modes:
-                title = f"{context} tokens, {name}, {count} rows, compile {mode}"
-                measured = decode_row(model, context, cache, count, args, mode, setting_profile(args, title))
-                rows.append([context, name, *measured])
+        for (name, cache, count), mode, attention in itertools.product(
+            settings, args.compile_modes, args.decode_attention
+        ):
+            title = f"{context} tokens, {name}, {count} rows, compile {mode}, attention {attention}"
+            profile = setting_profile(args, title)
+            ran, measured = decode_row(model, context, cache, count, args, mode, attention, profile)
+            rows.append([context, f"{name} ({ran})", *measured])
         ids = prompt_ids(context, model.config.vocab_size)
         for name, mode in gpu_peer.peers(args.compile_modes):
             profile = setting_profile(args, f"{context} tokens, {name}, {full_rows} rows, compile {mode}")
@@ -210,53 +218,7 @@ def decode_rows(model, args, budget_of: dict[int, int]) -> list[list]:
     return rows
 
 
-@torch.inference_mode()
-def exactness(device: torch.device, compile_modes: list[str]) -> list[list]:
-    """The engine's equalities on a small float32 model on ``device``: (check, result)."""
-    model = build(SMALL, torch.float32, device)
-    ids = prompt_ids(200, SMALL["vocab_size"])
-    plain = model.generate(torch.tensor([ids], device=device), max_new_tokens=16, do_sample=False)[0, 200:]
-    alone = {
-        name: generate(model, ids, build_cache(cache), 16, set()).tokens
-        for name, cache in [
-            ("full", {"method": "full"}),
-            ("holding", snapstream(512)),
-            ("small", snapstream(96)),
-        ]
-    }
-    results = [
-        ["full cache == plain transformers (16 greedy tokens)", alone["full"] == plain.tolist()],
-        ["SnapStream holding the prompt == full", alone["holding"] == alone["full"]],
-    ]
-    caches = {"full": {"method": "full"}, "holding": snapstream(512), "small": snapstream(96)}
-    for mode in compile_modes:
-        answers: list = []
-        requests = [Request(tuple(ids), cache, 16, tag=name) for name, cache in caches.items()]
-        ContinuousBatcher(model, 3, mode).run(requests, answers.append)
-        same = all(answer.tokens == alone[answer.request.tag] for answer in answers) and len(answers) == 3
-        results.append([f"batched rows == each alone (compile {mode})", same])
-    generator = torch.Generator(device=device).manual_seed(0)
-    query = torch.randn(4, 32, 1, 128, generator=generator, device=device, dtype=torch.bfloat16)
-    key, value = (
-        torch.randn(4, 8, 2048, 128, generator=generator, device=device, dtype=torch.bfloat16) for _ in "kv"
-    )
-    mask = torch.rand(4, 1, 1, 2048, generator=generator, device=device) < 0.9
-    first = grouped_decode_attention(query, key, value, mask, 128**-0.5)
-    rerun = all(
-        torch.equal(first, grouped_decode_attention(query, key, value, mask, 128**-0.5)) for _ in range(50)
-    )
-    results.append(["decode attention: same bits on 50 re-runs (bf16)", rerun])
-    others = [tensor.clone() for tensor in (query, key, value)]
-    for tensor in others:
-        tensor[1:].normal_()
-    alone_row = grouped_decode_attention(*others, mask, 128**-0.5)
-    results.append(
-        ["decode attention: a row's bits whatever the others hold", torch.equal(first[0], alone_row[0])]
-    )
-    return [[check, "PASS" if passed else "FAIL"] for check, passed in results]
-
-
-COMPILE_MODES = ("off", "on")  # the engine's run.compile values the decode table times, in this order
+COMPILE_MODES = ("off", "on", "graphs")  # the run.compile values the decode table times (graphs: CUDA only)
 PER_CONTEXT = {"budgets": ({8192: 1024}, 4096), "full_rows": ({131072: 1}, 4)}  # ({context: default}, else)
 
 
@@ -284,6 +246,13 @@ def arguments() -> argparse.Namespace:
         help="the decode step's run.compile modes; both: all of them (default; smoke: off)",
     )
     parser.add_argument(
+        "--decode-attention",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "grouped", "split"],
+        help="the engine's run.decode_attention values the decode table times (default: auto)",
+    )
+    parser.add_argument(
         "--profile", type=Path, metavar="DIR", help="write each decode setting's top kernels here"
     )
     args = parser.parse_args()
@@ -291,13 +260,15 @@ def arguments() -> argparse.Namespace:
         args.contexts, args.budgets, args.full_rows, args.steps = [512, 1024], [128], [2, 1], 8
     compile_modes = args.compile or (["off"] if args.smoke else ["both"])
     args.compile_modes = [m for m in COMPILE_MODES if m in compile_modes or "both" in compile_modes]
+    args.device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    if args.device.type != "cuda":  # CUDA graphs need a GPU
+        args.compile_modes = [mode for mode in args.compile_modes if mode != "graphs"]
     for flag, (given, otherwise) in PER_CONTEXT.items():
         values = getattr(args, flag) or [given.get(context, otherwise) for context in args.contexts]
         values = values * len(args.contexts) if len(values) == 1 else values
         if len(values) != len(args.contexts):
             parser.error(f"--{flag.replace('_', '-')}: {each}")
         setattr(args, flag, values)
-    args.device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     return args
 
 
@@ -331,12 +302,16 @@ def main() -> None:
         print(f"profiles: top {TOP} kernels per step of each decode setting in {args.profile}/")
     del model
     print()
-    print(
-        tabulate(
-            exactness(device, sorted({"off", *args.compile_modes})),
-            headers=["exactness (small float32 model)", ""],
-        )
+    shapes = [(count, context) for context, count in zip(args.contexts, args.full_rows, strict=True)]
+    shapes += [(full * context // budget_of[context], budget_of[context]) for full, context in shapes]
+    heads = (shape["num_attention_heads"], shape["num_key_value_heads"], 128)
+    attention = attention_rows(shapes, heads, dtype, device, args.bandwidth)
+    print(tabulate(attention, headers=["rows", "slots", "decode attention", "ms/layer", "K+V read ms", "vs"]))
+    print()
+    checks = exactness(
+        build(SMALL, torch.float32, device), prompt_ids(200, SMALL["vocab_size"]), args.compile_modes
     )
+    print(tabulate(checks, headers=["exactness (small float32 model)", ""]))
     print()
     load_shape = LOAD if device.type == "cuda" else STAND_IN
     print(tabulate(load_rows(load_shape, dtype, device), headers=load_memory.HEADERS, disable_numparse=True))

@@ -16,11 +16,14 @@ from dataclasses import replace
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from snapeval.cache import install
 from snapeval.decode.continuous import ContinuousBatcher
 from snapeval.decode.continuous import batcher as batcher_module
 from snapeval.decode.continuous.graphs import Captured, GraphedStep
 from snapeval.errors import SnapevalError
+from tests.families import FAMILIES
 from tests.test_continuous import SNAPSTREAM, random_requests
 from tests.test_continuous import tiny as tiny  # noqa: F401  (the module's model fixture)
 from tests.test_decode_eviction import TOY
@@ -116,3 +119,44 @@ class FakeRows:
 
 def fake_capture(step, slots, tokens, rows):
     return Captured(lambda: step(slots, tokens, rows), tokens.clone()), step(slots, tokens, rows)
+
+
+SYNCING = {"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique_consecutive"}
+"""Ops that read a tensor's values back to the host: a CUDA graph cannot capture them."""
+
+
+class HostReads(TorchDispatchMode):
+    """The ops that read tensor values back to the host (:data:`SYNCING`), in call order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func.overloadpacket) in SYNCING:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "qwen3"])
+def test_an_eager_step_reads_nothing_back_to_the_host(family, monkeypatch):
+    """What CUDA-graph capture of the eager step needs (transformers' eager code paths may differ from the
+    compiled ones): sampled and top-p rows, re-rotated sinks and rows re-selected while decoding, on a
+    full-attention, a sliding-window and a QK-norm family."""
+    model = install(FAMILIES[family](320))
+    requests = random_requests(6, max_new=12, seed=8)
+    toy = {"method": TOY, "budget": 90, "buffer": 10, "every": 5}
+    requests = [replace(r, cache=toy) if n % 3 == 2 else r for n, r in enumerate(requests)]
+    batcher = ContinuousBatcher(model, 3, "off")
+    original, modes = batcher.step, []
+
+    def step(*args):
+        with HostReads() as mode:
+            tokens = original(*args)
+        modes.append(mode)
+        return tokens
+
+    batcher.step = step
+    batcher.run(requests, lambda answer: None)
+    assert len(modes) >= 10
+    assert [mode.seen for mode in modes if mode.seen] == []
