@@ -137,7 +137,7 @@ def test_batch_size_auto_falls_back_to_eight_and_nonsense_is_refused(tiny):
     ("argument", "value", "takes"),
     [
         ("compression", "query_first", "one of query_aware, query_agnostic"),
-        ("compile", "always", "one of auto, on, off"),
+        ("compile", "always", "one of auto, on, off, graphs"),
         ("dtype", "float8", "one of auto, float32, bfloat16, float16"),
         ("device", "tpu", "auto, cpu, mps, cuda or cuda:N"),
     ],
