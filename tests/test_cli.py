@@ -31,7 +31,10 @@ SCHEMA = [  # refused by the config's declarations, before torch loads
     (["run.limit=1.5"], "run.limit: must be an integer >= 1 or null, got 1.5"),
     (["run.shard=4/4"], "run.shard: must be i/n with 0 <= i < n (say 0/4), or null, got '4/4'"),
     (["run.compile=fast"], "run.compile: must be one of auto, on, off, graphs, got 'fast'"),
-    (["run.decode_attention=flash"], "run.decode_attention: must be one of auto, grouped, split, got 'flash'"),
+    (
+        ["run.decode_attention=flash"],
+        "run.decode_attention: must be one of auto, grouped, split, got 'flash'",
+    ),
     (["task.max_new_tokens=null"], "task.max_new_tokens: must be an integer >= 1, got None"),
     (["task.context_length=-5"], "task.context_length: must be an integer >= 16, got -5"),
     (["task.context_length=10000000"], "task.context_length: 10000000 tokens do not fit the model's"),

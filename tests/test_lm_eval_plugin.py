@@ -171,6 +171,7 @@ def test_lm_eval_cli_evaluates_a_task_under_snapeval(request, tmp_path, task, ex
     assert all(sample["resps"][0][0].strip() for sample in samples)  # the model answered something
 
 
+@pytest.mark.slow  # .ci/run runs it
 def test_a_bad_model_argument_under_the_lm_eval_cli_is_one_line(tmp_path):
     done = subprocess.run(
         [

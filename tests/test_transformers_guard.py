@@ -171,6 +171,7 @@ def bypassed_command(code: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # .ci/run runs it
 def test_the_runner_exits_2_in_one_line_and_stores_no_row(tiny_llama_overrides, tmp_path):
     db = tmp_path / "results.sqlite"
     overrides = [
