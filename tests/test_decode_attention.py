@@ -90,8 +90,9 @@ def test_every_decode_step_of_the_batcher_goes_through_it(tiny_llama, monkeypatc
     assert all(shape == (2, tiny_llama.config.num_attention_heads, 1, 16) for shape in calls)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one softmax", "split-KV chunks"])
 @pytest.mark.parametrize("per_head", [False, True], ids=["row mask", "per-head mask"])
-def test_absorbed_mla_decode_equals_attention_over_the_expanded_keys_and_values(per_head):
+def test_absorbed_mla_decode_equals_attention_over_the_expanded_keys_and_values(per_head, split):
     """MLA at decode: attention in latent space (queries absorbed through the key half of kv_b_proj, the
     output projected through the value half) equals attention over the per-head keys and values the
     model's own expand_kv makes of the same held latent slots (DeepSeek-V3 geometry, float32)."""
@@ -109,7 +110,8 @@ def test_absorbed_mla_decode_equals_attention_over_the_expanded_keys_and_values(
     mask = torch.rand(ROWS, heads if per_head else 1, 1, SLOTS, generator=generator) < 0.6
     mask[..., 0] = True
     projections = vars(module)[attention.UP_PROJECTIONS]
-    absorbed = absorbed_decode_attention(query, latent, rotary, mask, module.scaling, projections)
+    chunk = 6 if split else None  # 6 chunks, and a shorter last one
+    absorbed = absorbed_decode_attention(query, latent, rotary, mask, module.scaling, projections, chunk)
     keys, values = vars(module)[attention.EXPAND_LATENT](latent, rotary)  # the model's own expansion
     expanded = naive(query, keys, values, mask, module.scaling)
     assert absorbed.shape == (ROWS, 1, heads, module.v_head_dim)
@@ -139,6 +141,31 @@ def test_an_mla_decode_step_never_expands_the_held_latent(monkeypatch):
     ContinuousBatcher(model, rows=2).run(requests, lambda answer: None)
     # the batcher's one-token probe of what the model caches, then the 40-token prefill; no held slots
     assert {shape[2] for shape in expanded} == {1, 40}
+
+
+def test_split_kv_mla_rows_equal_the_one_by_one_decode(monkeypatch):
+    """``run.decode_attention=split`` on MLA: the batcher's latent-space attention over chunks (of 8 slots
+    here, so that rows span several) gives the one-by-one tokens."""
+    from snapeval.cache import attention, build_cache, install, mla
+    from snapeval.decode.continuous import ContinuousBatcher, Request
+    from snapeval.decode.generation import generate
+    from tests.families import FAMILIES
+
+    monkeypatch.setattr(attention, "SPLIT_CHUNK", 8)
+    chunked, original = [], mla.chunked_attention
+    monkeypatch.setattr(mla, "chunked_attention", lambda *args: chunked.append(args[2]) or original(*args))
+    model = install(FAMILIES["deepseek_v3"](512))
+    model.generation_config.eos_token_id = None
+    caches = [{"method": "full"}, {"method": "snapstream", "budget": 36, "window": 8, "ring": 8}]
+    requests = [Request(tuple(range(3, 43 + 9 * n)), caches[n % 2], 8, tag=n) for n in range(4)]
+    got = {}
+    ContinuousBatcher(model, 2, decode_attention="split").run(
+        requests, lambda answer: got.__setitem__(answer.request.tag, answer.tokens)
+    )
+    for request in requests:
+        alone = generate(model, list(request.prompt_ids), build_cache(caches[request.tag % 2]), 8, set())
+        assert got[request.tag] == alone.tokens
+    assert chunked and set(chunked) == {8}  # every decode step's attention went through the chunks
 
 
 CHUNK = 8

@@ -38,7 +38,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from snapeval.cache.base import SnapevalCache
-from snapeval.cache.decode_attention import grouped_decode_attention, split_decode_attention
+from snapeval.cache.decode_attention import SPLIT_CHUNK, grouped_decode_attention, split_decode_attention
 from snapeval.cache.method import LAYER_WINDOW
 from snapeval.cache.mla import absorbed_decode_attention, is_latent, up_projections
 from snapeval.cache.rope import key_rotation, rope_inv_freq
@@ -118,9 +118,8 @@ def snapeval_attention(
         if in_latent_space:
             projections = vars(module)[UP_PROJECTIONS]
             scaling = kwargs.get("scaling")
-            outputs.append(
-                absorbed_decode_attention(query[rows], part_key, part_value, mask, scaling, projections)
-            )
+            latent = (query[rows], part_key, part_value, mask, scaling, projections)
+            outputs.append(absorbed_decode_attention(*latent, SPLIT_CHUNK if split else None))
             continue
         if expand is not None:
             part_key, part_value = expand(part_key, part_value)

@@ -68,6 +68,17 @@ def split_decode_attention(
         if mask.shape[1] != 1:
             mask = mask.reshape(rows, kv_heads, group, slots)
         scores = scores.masked_fill(~mask, -torch.inf)
+    return chunked_attention(scores, value, chunk).reshape(rows, 1, heads, -1).to(query.dtype)
+
+
+def chunked_attention(scores: torch.Tensor, value: torch.Tensor, chunk: int = SPLIT_CHUNK) -> torch.Tensor:
+    """(rows, kv_heads, group, value_dim) float32: softmax(``scores``) @ ``value`` over chunks of ``chunk``
+    slots, each attended apart and combined by log-sum-exp in a fixed order.
+
+    ``scores``: (rows, kv_heads, group, slots) float32, scaled, -inf where a query may not attend;
+    ``value``: (rows, kv_heads, slots, value_dim). Absorbed MLA attends its latent slots with it too.
+    """
+    slots = scores.shape[-1]
     whole = slots - slots % chunk
     parts = [_chunk_partials(scores[..., :whole].unflatten(-1, (whole // chunk, chunk)), value[:, :, :whole])]
     if whole < slots:
@@ -75,8 +86,7 @@ def split_decode_attention(
     peak, total, output = (torch.cat(part, dim=3) for part in zip(*parts, strict=True))
     weight = torch.exp(peak - _finite(peak.amax(-1, keepdim=True)))  # 0 for a chunk that sees no slot
     total = (total * weight).sum(-1, keepdim=True)
-    output = (output * weight.unsqueeze(-1)).sum(-2) / total.masked_fill(total == 0, 1)
-    return output.reshape(rows, 1, heads, -1).to(query.dtype)
+    return (output * weight.unsqueeze(-1)).sum(-2) / total.masked_fill(total == 0, 1)
 
 
 def _chunk_partials(

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from snapeval.cache.decode_attention import chunked_attention
+
 
 def is_latent(module: torch.nn.Module | None) -> bool:
     """Whether ``module`` is an MLA attention module (it caches a latent, expanded by ``kv_b_proj``)."""
@@ -60,6 +62,7 @@ def absorbed_decode_attention(
     mask: torch.Tensor | None,
     scaling: float,
     projections: tuple[torch.Tensor, torch.Tensor],
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """(rows, 1, heads, v_head_dim) MLA attention of one query token per row over the held latent slots,
     without expanding per-head keys or values: each query head's no-RoPE part is absorbed through its key
@@ -69,7 +72,8 @@ def absorbed_decode_attention(
     ``query``: (rows, heads, 1, qk_nope + rope) post-RoPE; ``latent`` (rows, 1, slots, kv_lora_rank) and
     ``rotary`` (rows, 1, slots, rope) as the cache holds them; ``mask``: None or bool (rows, 1 or heads, 1,
     slots); ``projections``: :func:`up_projections`. Scores and the softmax in float32, as eager
-    attention computes them.
+    attention computes them; with a ``chunk``, the latent slots attended in chunks of that many
+    (:func:`~snapeval.cache.decode_attention.chunked_attention`, the split-KV attention's).
     """
     key_up, value_up = projections
     nope = key_up.shape[1]
@@ -79,5 +83,8 @@ def absorbed_decode_attention(
     scores = scores.float() * scaling
     if mask is not None:
         scores = scores.masked_fill(~mask.transpose(1, 2), float("-inf"))
-    weights = torch.softmax(scores, dim=-1).to(latent.dtype)
-    return torch.einsum("bqhr,hvr->bqhv", weights @ latent, value_up)
+    if chunk is not None:
+        attended = chunked_attention(scores, latent, chunk).to(latent.dtype)
+    else:
+        attended = torch.softmax(scores, dim=-1).to(latent.dtype) @ latent
+    return torch.einsum("bqhr,hvr->bqhv", attended, value_up)
