@@ -304,6 +304,7 @@ def main() -> None:
     print()
     shapes = [(count, context) for context, count in zip(args.contexts, args.full_rows, strict=True)]
     shapes += [(full * context // budget_of[context], budget_of[context]) for full, context in shapes]
+    shapes = list(dict.fromkeys(shapes))  # SnapStream's rows at 32k and 128k hold alike
     heads = (shape["num_attention_heads"], shape["num_key_value_heads"], 128)
     attention = attention_rows(shapes, heads, dtype, device, args.bandwidth)
     print(tabulate(attention, headers=["rows", "slots", "decode attention", "ms/layer", "K+V read ms", "vs"]))
