@@ -89,6 +89,23 @@ def test_a_flag_that_changes_mid_run_captures_again(tiny, monkeypatch):
     assert graphed.captures == 3  # greedy; sampled (top-p); sampled with re-rotated sinks
 
 
+def test_a_later_run_replays_the_first_runs_capture(tiny, monkeypatch):
+    """The batcher keeps its rows, sampling settings and captures across runs (the runner's groups, a
+    search's rounds): a second run with the same flags replays without capturing, and equals eager."""
+    monkeypatch.setattr(batcher_module, "GraphedStep", functools.partial(GraphedStep, capture=capture_traced))
+    first, second = random_requests(6, max_new=20, seed=10), random_requests(6, max_new=20, seed=11)
+    first, second = ([replace(r, cache=SNAPSTREAM) for r in batch] for batch in (first, second))
+    batcher = ContinuousBatcher(tiny, 2, "off")
+    batcher.mode = "graphs"  # CPU refuses the mode: the traced capture stands in
+    got = []
+    for batch in (first, second):
+        batcher.run(batch, lambda answer: got.append(answer.tokens))
+    eager, _, _ = run(tiny, first, 2, False, monkeypatch)
+    later, _, _ = run(tiny, second, 2, False, monkeypatch)
+    assert sorted(got) == sorted([*eager.values(), *later.values()])
+    assert batcher.graphed.captures == 1
+
+
 def test_graphs_are_refused_on_cpu_in_one_line(tiny):
     with pytest.raises(SnapevalError, match="CUDA graphs need a CUDA device") as error:
         ContinuousBatcher(tiny, 2, "graphs")

@@ -60,6 +60,8 @@ class ContinuousBatcher:
         check_decode_attention(decode_attention)
         self.decode_attention = decode_attention
         self.slots: RowClasses | None = None
+        self.sampling = RowSampling.empty(rows, model.device)  # kept across runs, as the slots are
+        self.graphed: GraphedStep | None = None  # run.compile=graphs: its captures serve every run
         self.cache_keyword = cache_keyword(model)
         self.steps = 0  # decode steps run, and their wall seconds (all runs of this batcher)
         self.step_seconds = 0.0
@@ -136,13 +138,15 @@ class _Run:
         self.batcher, self.on_answer, self.more = batcher, on_answer, more
         self.queues: list[deque[Request]] = [deque() for _ in batcher.slots.parts]
         self.shares: Counter = Counter()
-        self.sampling = RowSampling.empty(batcher.rows, device)
+        self.sampling = batcher.sampling
+        self.sampling.reset()
         self.enqueue(list(queue), first=False)  # settles the step's Python flags before it first compiles
         self.step = batcher.step
         if batcher.mode == "compiled":
             self.step = compile_step(batcher.step, device)
         elif batcher.mode == "graphs":
-            self.step = GraphedStep(batcher.step)
+            batcher.graphed = batcher.graphed or GraphedStep(batcher.step)
+            self.step = batcher.graphed
         self.tokens = torch.zeros(batcher.rows, dtype=torch.long, device=device)
         self.rows: list[Row | None] = [None] * batcher.rows
         self.live: dict[tuple, Prefill] = {}  # prompts with requests still to admit

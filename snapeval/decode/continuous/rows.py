@@ -72,6 +72,10 @@ class RowSampling:
         ones, zeros = torch.ones(rows, device=device), torch.zeros(rows, dtype=torch.long, device=device)
         return cls(flags, ones, ones.clone(), zeros, zeros.clone())
 
+    def reset(self) -> None:
+        """A new run: no row samples yet (each row's settings are set as it is loaded)."""
+        self.sampling = self.nucleus = False
+
     def tensors(self) -> list[torch.Tensor]:
         """The settings' buffers (a compiled step reads them in place)."""
         return [self.do_sample, self.temperature, self.top_p, self.seed, self.counter]
