@@ -24,6 +24,7 @@ from tests.families import FAMILIES
 VOCAB = 320
 SNAPSTREAM = {"method": "snapstream", "budget": 40, "window": 4, "sinks": 2, "ring": 16}
 FULL = {"method": "full"}
+REROTATED = {"method": "streaming_llm", "budget": 40, "sinks": 4, "rerotate": True}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
@@ -103,6 +104,7 @@ class Allocations(TorchDispatchMode):
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])  # full layers; sliding-window and full layers
 def test_an_eager_step_allocates_nothing_the_size_of_a_layers_buffer(family):
+    """SnapStream and full rows, and StreamingLLM rows whose sinks are re-rotated at every step."""
     model = install(FAMILIES[family](VOCAB))
     batcher = ContinuousBatcher(model, 4, "off")
     original, seen = batcher.step, []
@@ -117,7 +119,8 @@ def test_an_eager_step_allocates_nothing_the_size_of_a_layers_buffer(family):
         return tokens
 
     batcher.step = step
-    batcher.run(requests(4), lambda answer: None)
+    rerotated = Request(tuple(range(5, 155)), REROTATED, 4, tag="rerotated")  # its sinks turn in place
+    batcher.run([*requests(4), rerotated], lambda answer: None)
     layers = [t for part in batcher.slots.parts for t in (*part.keys, *part.values)]
     smallest = min(buffer.untyped_storage().nbytes() for buffer in layers)
     allocated = seen[2].allocated

@@ -7,7 +7,8 @@ row) and :class:`~snapeval.cache.slots.SlotCache` (device-tensor cursors, one pe
 tokens take (:func:`ring_slots`), writing them (:func:`write_slots`), which slots a query sees
 (:func:`visible_slots`, the one decode-mask rule), how a sliding-window layer's kept prompt fills its
 ring (:func:`window_ring`) and a row takes it (:func:`oldest_first`), and StreamingLLM's re-rotation of
-sink keys (:func:`rerotated_sinks`). Tensor operations only, so the batcher's step compiles.
+sink keys (:func:`rerotated_sinks`, :func:`evicted_after_sinks`). Tensor operations only, so the batcher's
+step compiles.
 
 A layer with a sliding ``window`` holds ``min(window, the method's slots)`` slots
 (:func:`snapeval.configs.footprint.layer_slots`), all of them a ring:
@@ -67,18 +68,20 @@ def oldest_first(next_: int, size: int, device: torch.device) -> torch.Tensor:
     return (next_ + torch.arange(size, device=device)) % size
 
 
-def rerotated_sinks(rotation, keys: torch.Tensor, positions: torch.Tensor, pinned: torch.Tensor, rows=None):
-    """``keys`` with their ``pinned`` slots (sinks; a bool tensor broadcasting to ``positions``) turned
-    forward by the tokens evicted after them (StreamingLLM's positions inside the cache): the gap between
-    the last sink and the oldest ring token. ``rows``: (rows,) bool, the rows that re-rotate (None: all)."""
+def evicted_after_sinks(positions: torch.Tensor, pinned: torch.Tensor) -> torch.Tensor:
+    """(batch, kv_heads) tokens evicted after the ``pinned`` slots (sinks; a bool tensor broadcasting to
+    ``positions``): the gap between the last sink and the oldest ring token."""
     in_ring = ~pinned & (positions >= 0)
     oldest = positions.masked_fill(~in_ring, torch.iinfo(positions.dtype).max).amin(dim=-1)
     last_sink = positions.masked_fill(~pinned, EMPTY).amax(dim=-1)
-    evicted = oldest - last_sink - 1
-    if rows is not None:
-        evicted = evicted * rows[:, None]
-        pinned = pinned & rows[:, None, None]
-    turned = rotation.rotate(keys, evicted)
+    return oldest - last_sink - 1
+
+
+def rerotated_sinks(rotation, keys: torch.Tensor, positions: torch.Tensor, pinned: torch.Tensor):
+    """``keys`` with their ``pinned`` slots (sinks) turned forward by the tokens evicted after them
+    (StreamingLLM's positions inside the cache; the batcher's rows turn theirs in place:
+    :mod:`snapeval.cache.row_sinks`)."""
+    turned = rotation.rotate(keys, evicted_after_sinks(positions, pinned))
     return torch.where(pinned[..., None], turned, keys)
 
 

@@ -37,12 +37,12 @@ from snapeval.cache.ring import (
     RowRings,
     model_windows,
     oldest_first,
-    rerotated_sinks,
     visible_slots,
     write_slots,
 )
 from snapeval.cache.rope import KeyRotation
 from snapeval.cache.row_eviction import StepRecorder
+from snapeval.cache.row_sinks import RowSinks
 from snapeval.configs.footprint import layer_slots, row_slots, slot_bytes
 from snapeval.couplings import engine_bypassed
 from snapeval.errors import SnapevalError
@@ -85,9 +85,8 @@ class SlotCache:
         self.values = [torch.zeros(*shape, value_dim, dtype=dtype, device=device) for shape in shapes]
         self.positions = [torch.full(shape, EMPTY, device=device) for shape in shapes]
         self.seen = torch.zeros(rows, dtype=torch.long, device=device)
-        self.rerotate = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.sinks = RowSinks(rows, device)  # StreamingLLM's re-rotated sinks
         self.rotations = rotations or [None] * layers  # per layer: how to re-rotate keys, or why not
-        self.any_rerotate = False  # a Python flag: the rotation is traced only when a row needs it
         self.recorder = StepRecorder(rows, self.windows, modules or {}, device)  # for decode-time eviction
         self.attended = torch.zeros(layers, dtype=torch.bool, device=device)  # this step's, per layer
 
@@ -130,7 +129,7 @@ class SlotCache:
             self.rotations,
             self.windows,
         )
-        bigger.any_rerotate = self.any_rerotate
+        bigger.sinks.copy_from(self.sinks)
         bigger.recorder.copy_from(self.recorder)
         for index in range(self.num_layers):
             held = self.keys[index].shape[2]
@@ -140,13 +139,12 @@ class SlotCache:
         for window, rings in self.rings.items():
             bigger.rings[window].copy_from(rings)
         bigger.seen.copy_(self.seen)
-        bigger.rerotate.copy_(self.rerotate)
         return bigger
 
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer of the cache (their storage never changes while it lives)."""
         cursors = [tensor for rings in self.rings.values() for tensor in rings.tensors()]
-        buffers = [*self.keys, *self.values, *self.positions, *cursors, self.seen, self.rerotate]
+        buffers = [*self.keys, *self.values, *self.positions, *cursors, self.seen, *self.sinks.tensors()]
         return [*buffers, self.attended, *self.recorder.tensors()]
 
     # --- filling a row ---------------------------------------------------------------------------
@@ -193,9 +191,9 @@ class SlotCache:
         self.seen[row] = first.seen
         self.recorder.fed[row] = 0
         rerotate = getattr(cache, "rerotate", False) and any(layer.ring_start > 0 for layer in cache.layers)
-        self.rerotate[row] = rerotate
         if rerotate:
             self.admit(cache)
+        self.sinks.load(row, cache, rerotate)
         return slots
 
     # --- one decode step -------------------------------------------------------------------------
@@ -217,7 +215,7 @@ class SlotCache:
                 if not isinstance(rotation, KeyRotation):
                     why = rotation or "re-rotating keys needs an installed model"
                     raise SnapevalError(why, "cache.rerotate")
-            self.any_rerotate = True
+            self.sinks.prepare(cache.sinks, self.keys)
 
     def mask(self) -> torch.Tensor:
         """(rows, 1, 1, capacity) bool attention mask of the step for the model's call: the slots each row
@@ -263,12 +261,10 @@ class SlotCache:
     def keys_to_attend(self, layer_idx: int) -> torch.Tensor:
         """The held keys of ``layer_idx``, a re-rotating row's sinks turned to their place in the row."""
         keys = self.keys[layer_idx]
-        if not self.any_rerotate:
-            return keys
-        rings = self.rings[self.windows[layer_idx]]
-        pinned = (rings.slot_index[None, :] < rings.start[:, None])[:, None]  # (rows, 1, slots)
-        rotation = self.rotations[layer_idx]
-        return rerotated_sinks(rotation, keys, self.positions[layer_idx], pinned, self.rerotate)
+        if self.sinks.any and self.windows[layer_idx] is None:  # written in place: a few slots per row
+            rings, rotation = self.rings[None], self.rotations[layer_idx]
+            self.sinks.turn(layer_idx, keys, self.positions[layer_idx], rings, rotation)
+        return keys
 
     @property
     def wants_layer_inputs(self) -> bool:

@@ -59,7 +59,7 @@ def step_key(slots: RowClasses, rows: RowSampling) -> tuple[tuple, tuple]:
     only under the key it was captured with."""
     buffers = tuple((t.data_ptr(), tuple(t.shape)) for t in (*slots.tensors(), *rows.tensors()))
     flags = [(rows.sampling, rows.nucleus)]
-    flags += [(part.any_rerotate, part.recorder.active) for part in slots.parts]
+    flags += [(part.sinks.any, part.recorder.active) for part in slots.parts]
     return buffers, tuple(flags)
 
 
