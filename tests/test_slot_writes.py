@@ -45,9 +45,10 @@ SHAPE = re.compile(r"assert_size_stride\((\w+), \(([\d, ]+)\),")
 STORE = r"{name}\[static_cast<int64_t>\((.*?)\)\] =|\.store\({name} \+ static_cast<int64_t>\((.*?)\)"
 
 
-def stores_into(code: str, shapes: set[tuple[int, ...]]) -> tuple[list[str], list[str]]:
-    """(index expressions of every store the generated kernels make into a graph input of one of
-    ``shapes``, wrapper lines that copy into one or allocate one of its size)."""
+def stores_into(code: str, shapes: set[tuple[int, ...]]) -> tuple[list[tuple[str, int | None]], list[str]]:
+    """((index expression, slots its loop walks) of every store the generated kernels make into a graph
+    input of one of ``shapes``, wrapper lines that copy into one or allocate one of its size). The slots
+    walked: the bound of the loop over the variable the index multiplies by a slot's width (None: none)."""
     inputs = {
         name for name, dims in SHAPE.findall(code) if tuple(map(int, re.findall(r"\d+", dims))) in shapes
     }
@@ -62,8 +63,9 @@ def stores_into(code: str, shapes: set[tuple[int, ...]]) -> tuple[list[str], lis
         params, body = kernels[name]
         for param, argument in zip(params, arguments.split(", "), strict=True):
             if argument in inputs and "out_ptr" in param:
-                for found in re.findall(STORE.format(name=param), body):
-                    indices.append("".join(found))
+                for found in re.finditer(STORE.format(name=param), body):
+                    index = found.group(1) or found.group(2)
+                    indices.append((index, slots_walked(index, body[: found.start()])))
     sizes = "|".join(re.escape(", ".join(map(str, shape))) for shape in shapes)
     whole = re.findall(
         rf"^.*(?:empty_strided\w*\(\(({sizes})\)|\b(?:{'|'.join(inputs)})\.copy_\().*$", code, re.M
@@ -71,17 +73,32 @@ def stores_into(code: str, shapes: set[tuple[int, ...]]) -> tuple[list[str], lis
     return indices, whole
 
 
+def slots_walked(index: str, before: str) -> int | None:
+    """The bound of the innermost loop before a store over the variable its ``index`` multiplies by a
+    slot's width (the head width, 16 here), or None."""
+    slot = re.search(r"\b16L\*(x\d+)", index)
+    if slot is None:
+        return None
+    bounds = re.findall(rf"{slot.group(1)}<static_cast<int64_t>\((\d+)L\)", before)
+    return int(bounds[-1]) if bounds else None
+
+
 def test_the_compiled_step_stores_only_the_new_slots():
+    """SnapStream, full and re-rotating StreamingLLM rows: a store at a loaded slot index, or one walking
+    the 4 sink slots a re-rotating row turns in place; never a walk over a whole buffer."""
     model = install(FAMILIES["llama"](VOCAB))
     batcher = ContinuousBatcher(model, 4, "on")
-    _, codes = run_and_get_code(lambda: batcher.run(requests(4), lambda answer: None))
+    rerotated = Request(tuple(range(5, 155)), REROTATED, 4, tag="rerotated")
+    _, codes = run_and_get_code(lambda: batcher.run([*requests(4), rerotated], lambda answer: None))
     shapes = {tuple(buffer.shape) for buffer in slot_buffers(batcher)}
     assert len(shapes) == 4  # keys/values and columns of two row classes
     indices, whole = stores_into("\n".join(codes), shapes)
     assert whole == []
+    walks = [walked for index, walked in indices if "tmp" not in index]  # not at a loaded slot index
     layers, classes = model.config.num_hidden_layers, len(batcher.slots.parts)
-    assert len(indices) >= 3 * layers * classes  # each layer's keys, values and columns, per class
-    assert all("tmp" in index for index in indices), indices  # at the loaded slot, never the whole buffer
+    assert len(indices) - len(walks) >= 3 * layers * classes  # each layer's keys, values, columns, per class
+    assert walks  # the sinks
+    assert all(walked is not None and walked <= REROTATED["sinks"] for walked in walks), indices
 
 
 class Allocations(TorchDispatchMode):
