@@ -89,9 +89,7 @@ def run_job(config: dict[str, Any], plan: RunPlan | None, multirun: bool) -> int
             raise
         print(f"error: this point failed ({type(exc).__name__}: {exc}); the sweep goes on", file=sys.stderr)
         return 0
-    from snapeval.models.parallel import is_writer
-
-    if is_writer():  # under torchrun, rank 0 alone
+    if writing_rank():  # under torchrun, rank 0 alone
         print(run_table(summaries))
     return 0
 

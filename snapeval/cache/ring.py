@@ -30,21 +30,22 @@ def ring_slots(start, next_, size, length: int, device: torch.device) -> torch.T
     return start + (next_ + torch.arange(length, device=device)) % size
 
 
-def write_slots(buffers, slots: torch.Tensor, states) -> None:
+def rows_and_heads(rows: int, heads: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row and head indices of :func:`write_slots`, (rows, 1, 1) and (1, heads, 1): made once by a cache
+    that writes every step, so an eager step launches nothing to make them."""
+    return torch.arange(rows, device=device)[:, None, None], torch.arange(heads, device=device)[None, :, None]
+
+
+def write_slots(buffers, slots: torch.Tensor, states, lead: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Write ``states`` (each (rows, heads, n, ...)) into ``buffers`` (keys, values, positions: (rows,
-    heads, slots, ...)) at ``slots`` ((rows or 1, n) slot indices).
+    heads, slots, ...)) at ``slots`` ((rows or 1, n) slot indices); ``lead``: :func:`rows_and_heads` of the
+    states, made here if not given.
 
     An ``index_put_`` at (row, head, slot): under ``torch.compile`` inductor re-inplaces it into a kernel
     that stores the new states only, where a ``scatter_`` becomes an out-of-place scatter plus a copy of
     the whole buffer back (tests/test_slot_writes.py reads the generated code).
     """
-    rows, heads = states[0].shape[:2]
-    device = slots.device
-    index = (
-        torch.arange(rows, device=device)[:, None, None],
-        torch.arange(heads, device=device)[None, :, None],
-        slots[:, None, :],
-    )
+    index = (*(lead or rows_and_heads(*states[0].shape[:2], slots.device)), slots[:, None, :])
     for buffer, state in zip(buffers, states, strict=True):
         buffer.index_put_(index, state)
 

@@ -37,6 +37,7 @@ from snapeval.cache.ring import (
     RowRings,
     model_windows,
     oldest_first,
+    rows_and_heads,
     visible_slots,
     write_slots,
 )
@@ -85,6 +86,7 @@ class SlotCache:
         self.values = [torch.zeros(*shape, value_dim, dtype=dtype, device=device) for shape in shapes]
         self.positions = [torch.full(shape, EMPTY, device=device) for shape in shapes]
         self.seen = torch.zeros(rows, dtype=torch.long, device=device)
+        self.lead = rows_and_heads(rows, kv_heads, device)  # the row and head indices of every write
         self.sinks = RowSinks(rows, device)  # StreamingLLM's re-rotated sinks
         self.rotations = rotations or [None] * layers  # per layer: how to re-rotate keys, or why not
         self.recorder = StepRecorder(rows, self.windows, modules or {}, device)  # for decode-time eviction
@@ -256,7 +258,8 @@ class SlotCache:
         rings = self.rings[self.windows[layer_idx]]
         rows, heads = keys.shape[:2]
         columns = self.seen[:, None, None].expand(rows, heads, 1)
-        write_slots((keys, values, positions), rings.slot[:, None], (key_states, value_states, columns))
+        states = (key_states, value_states, columns)
+        write_slots((keys, values, positions), rings.slot[:, None], states, self.lead)
 
     def keys_to_attend(self, layer_idx: int) -> torch.Tensor:
         """The held keys of ``layer_idx``, a re-rotating row's sinks turned to their place in the row."""
