@@ -45,8 +45,9 @@ SMOLLM2 = {  # SmolLM2-135M-Instruct's geometry
 TINY = {**SMOLLM2, "vocab_size": 512, "hidden_size": 72, "intermediate_size": 128, "num_hidden_layers": 2}
 
 
-def scatter_writes(buffers, slots_: torch.Tensor, states) -> None:
-    """The slot writes before issue 46: ``scatter_`` along the slot axis."""
+def scatter_writes(buffers, slots_: torch.Tensor, states, lead=None) -> None:
+    """The slot writes before issue 46: ``scatter_`` along the slot axis (``lead``, the row and head
+    indices of today's writes, unused)."""
     for buffer, state in zip(buffers, states, strict=True):
         index = slots_[:, None, :].expand(state.shape[0], state.shape[1], -1)
         if buffer.dim() == 4:
