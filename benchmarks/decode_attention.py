@@ -27,15 +27,19 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from arguments import at_least
 from machine import available_cores, cpu_model
 from tabulate import tabulate
 
 from snapeval.cache.decode_attention import grouped_decode_attention, split_decode_attention
+from snapeval.cli import one_line_errors
+from snapeval.errors import SnapevalError
 
 
 def variants(kv_heads: int, heads: int) -> dict[str, Callable]:
@@ -148,7 +152,8 @@ def measure_mla(args: argparse.Namespace, rows: int, slots: int) -> list[list]:
     ]
 
 
-def main() -> None:
+@one_line_errors
+def main(argv: Sequence[str] | None = None) -> int:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[4, 8])
@@ -160,9 +165,22 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20, help="calls per timing")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--smoke", action="store_true", help="a tiny shape, one round (CI)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.rows, args.slots, args.repeats, args.calls = [2], [64], 1, 1
+    positive = (
+        "--rows",
+        "--slots",
+        "--heads",
+        "--kv-heads",
+        "--head-dim",
+        "--repeats",
+        "--calls",
+        "--threads",
+    )
+    at_least(args, dict.fromkeys(positive, 1))
+    if args.heads % args.kv_heads:
+        raise SnapevalError(f"must divide --heads ({args.heads}), got {args.kv_heads}", "--kv-heads")
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
@@ -177,7 +195,8 @@ def main() -> None:
     )
     table = [line for rows in args.rows for slots in args.slots for line in measure_mla(args, rows, slots)]
     print(tabulate(table, headers=["rows", "slots", "attention", "ms", "vs expanding"]))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

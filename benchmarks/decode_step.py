@@ -19,15 +19,19 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import sys
 import time
+from collections.abc import Sequence
 
 import torch
+from arguments import at_least, cache_setting
 from machine import available_cores, cpu_model
 from tabulate import tabulate
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from snapeval.cache import build_cache, install, slots
 from snapeval.cache.slots import cached_shapes
+from snapeval.cli import one_line_errors
 from snapeval.decode.continuous import ContinuousBatcher
 from snapeval.decode.continuous.classes import RowClasses
 from snapeval.decode.continuous.rows import RowSampling
@@ -43,6 +47,11 @@ SMOLLM2 = {  # SmolLM2-135M-Instruct's geometry
     "max_position_embeddings": 16384,
 }
 TINY = {**SMOLLM2, "vocab_size": 512, "hidden_size": 72, "intermediate_size": 128, "num_hidden_layers": 2}
+
+
+def snapstream(capacity: int) -> dict:
+    """The SnapStream cache of ``capacity`` slots that every row holds."""
+    return {"method": "snapstream", "budget": capacity, "window": 32, "ring": min(64, capacity // 4)}
 
 
 def scatter_writes(buffers, slots_: torch.Tensor, states, lead=None) -> None:
@@ -67,9 +76,7 @@ def measure(model, rows: int, capacity: int, steps: int, rounds: int) -> list[li
     """Median ms per step of each variant, ``rows`` SnapStream rows of ``capacity`` slots."""
     generator = torch.Generator().manual_seed(capacity)
     ids = torch.randint(10, model.config.vocab_size, (capacity + 512,), generator=generator).tolist()
-    cache = build_cache(
-        {"method": "snapstream", "budget": capacity, "window": 32, "ring": min(64, capacity // 4)}
-    )
+    cache = build_cache(snapstream(capacity))
     prefill_logits(model, ids, cache)
     row_classes = RowClasses.for_model(model, [(capacity, rows)], cached_shapes(model))
     for row in range(rows):
@@ -97,7 +104,8 @@ def measure(model, rows: int, capacity: int, steps: int, rounds: int) -> list[li
     ]
 
 
-def main() -> None:
+@one_line_errors
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -106,10 +114,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="steps timed per variant and round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="a tiny shape, one round (CI)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     shape = TINY if args.smoke else SMOLLM2
     if args.smoke:
         args.rows, args.slots, args.steps, args.rounds = [2], [64], 2, 1
+    at_least(args, {"--rows": 1, "--slots": 1, "--steps": 1, "--rounds": 1})
+    for capacity in args.slots:
+        cache_setting(snapstream(capacity), {"budget": "--slots"})
     torch.manual_seed(0)
     model = install(LlamaForCausalLM(LlamaConfig(**shape)).eval())
     print(
@@ -126,7 +137,8 @@ def main() -> None:
         for line in measure(model, rows, slots_, args.steps, args.rounds)
     ]
     print(tabulate(table, headers=["rows", "slots", "step", "ms/step", "vs before"]))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -26,14 +26,18 @@ from pathlib import Path
 
 import torch
 import transformers
+from arguments import at_least, cache_setting
 from machine import MIB, PeakRss, available_cores, cpu_model
 from tabulate import tabulate
 from transformers import PreTrainedModel
 
 from snapeval.cache import build_cache, install
+from snapeval.cli import one_line_errors
 from snapeval.configs.methods import METHODS
+from snapeval.configs.task import MIN_RULER_CONTEXT
 from snapeval.decode.generation import generate
 from snapeval.models import ModelSpec, encode_chat, load_model, load_tokenizer
+from snapeval.results.files import safe_output, write_atomically
 from snapeval.tasks import ruler
 
 SPEC = ModelSpec(
@@ -279,12 +283,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="synthetic prompt seed")
     parser.add_argument("--markdown", type=Path, help="also write the report as Markdown to this file")
     args = parser.parse_args(argv)
-    if args.repeats < 1 or args.warmup < 0 or args.decode_tokens < 1 or args.threads < 1:
-        parser.error("--repeats, --decode-tokens and --threads must be positive, --warmup non-negative")
+    positive = ("--budgets", "--decode-tokens", "--repeats", "--threads")
+    at_least(args, {"--lengths": MIN_RULER_CONTEXT, **dict.fromkeys(positive, 1), "--warmup": 0, "--seed": 0})
+    for config in configs_for(args.methods, args.budgets):
+        cache_setting(config.params(), {"budget": "--budgets"})
+    if args.markdown:
+        args.markdown = safe_output(args.markdown, {}, "--markdown")
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+@one_line_errors
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
@@ -302,8 +311,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     footer = [*verdicts(rows), f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
     print("\n".join([*header, "", table(rows, markdown=False), "", *footer]))
     if args.markdown:
-        args.markdown.write_text(markdown_report(header, rows, footer))
+        with write_atomically(args.markdown) as file:
+            file.write(markdown_report(header, rows, footer))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -42,23 +42,28 @@ from __future__ import annotations
 import argparse
 import itertools
 import platform
+import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import gpu_peer
 import load_memory
 import torch
 import transformers
+from arguments import at_least, cache_setting
 from gpu_exactness import attention_rows, exactness, snapstream
-from gpu_profile import TOP, setting_profile, synchronize
+from gpu_profile import LEAST_TOKENS, TOP, setting_profile, synchronize
 from tabulate import tabulate
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from snapeval.cache import build_cache, install
 from snapeval.cache.attention import cache_keyword
+from snapeval.cli import one_line_errors
 from snapeval.decode.continuous import ContinuousBatcher, Request
 from snapeval.decode.generation import prefill_logits
+from snapeval.errors import SnapevalError
 
 LLAMA_8B = {  # Llama-3.1-8B's geometry
     "hidden_size": 4096,
@@ -222,7 +227,7 @@ COMPILE_MODES = ("off", "on", "graphs")  # the run.compile values the decode tab
 PER_CONTEXT = {"budgets": ({8192: 1024}, 4096), "full_rows": ({131072: 1}, 4)}  # ({context: default}, else)
 
 
-def arguments() -> argparse.Namespace:
+def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -255,9 +260,13 @@ def arguments() -> argparse.Namespace:
     parser.add_argument(
         "--profile", type=Path, metavar="DIR", help="write each decode setting's top kernels here"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:  # stand-ins for 8k/32k (4 full rows) and 128k (1 full row): 8 SnapStream rows each
         args.contexts, args.budgets, args.full_rows, args.steps = [512, 1024], [128], [2, 1], 8
+    # 2 steps: the prefill's token and one decoded, which the step times are of
+    at_least(args, {"--contexts": 1, "--budgets": 1, "--full-rows": 1, "--steps": 2})
+    if args.profile is not None and args.steps < LEAST_TOKENS:
+        raise SnapevalError(f"must be >= {LEAST_TOKENS} with --profile, got {args.steps}", "--steps")
     compile_modes = args.compile or (["off"] if args.smoke else ["both"])
     args.compile_modes = [m for m in COMPILE_MODES if m in compile_modes or "both" in compile_modes]
     args.device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
@@ -267,13 +276,20 @@ def arguments() -> argparse.Namespace:
         values = getattr(args, flag) or [given.get(context, otherwise) for context in args.contexts]
         values = values * len(args.contexts) if len(values) == 1 else values
         if len(values) != len(args.contexts):
-            parser.error(f"--{flag.replace('_', '-')}: {each}")
+            message = f"give {each}, got {len(values)} for {len(args.contexts)} contexts"
+            raise SnapevalError(message, f"--{flag.replace('_', '-')}")
         setattr(args, flag, values)
+    for context, budget, full_rows in zip(args.contexts, args.budgets, args.full_rows, strict=True):
+        cache_setting(snapstream(budget), {"budget": "--budgets"})
+        if full_rows * context < budget:  # no SnapStream row at the full cache's KV memory
+            message = f"must be at most the {full_rows} full row(s) x {context} tokens it is compared with"
+            raise SnapevalError(f"{message}, got {budget}", "--budgets")
     return args
 
 
-def main() -> None:
-    args = arguments()
+@one_line_errors
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments(argv)
     device = args.device
     budget_of = dict(zip(args.contexts, args.budgets, strict=True))
     transformers.utils.logging.disable_progress_bar()
@@ -316,7 +332,8 @@ def main() -> None:
     print()
     load_shape = LOAD if device.type == "cuda" else STAND_IN
     print(tabulate(load_rows(load_shape, dtype, device), headers=load_memory.HEADERS, disable_numparse=True))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

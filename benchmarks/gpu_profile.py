@@ -20,6 +20,7 @@ from torch.profiler import ProfilerActivity
 
 SKIP = 3  # ticks before the profiler's warm-up step: the engine's prefill and two decode steps
 MOST_STEPS = 8  # steps recorded, at most
+LEAST_TOKENS = SKIP + 3  # new tokens (--steps) a profiled run needs: one step recorded
 TOP = 15  # kernels listed
 NAME_CHARS = 110  # kernel names cut to this length (CUDA template names run to hundreds)
 
@@ -30,12 +31,10 @@ def synchronize(device: torch.device) -> None:
 
 
 def recorded_steps(new_tokens: int) -> int:
-    """Steps recorded in a run of ``new_tokens`` tokens (the first from the prefill): up to
-    ``MOST_STEPS``, leaving room for the skipped ticks, the warm-up step and the last tick."""
-    steps = min(MOST_STEPS, new_tokens - SKIP - 2)
-    if steps < 1:
-        raise SystemExit(f"--profile needs --steps >= {SKIP + 3}")
-    return steps
+    """Steps recorded in a run of ``new_tokens`` tokens (the first from the prefill, at least
+    :data:`LEAST_TOKENS`): up to ``MOST_STEPS``, leaving room for the skipped ticks, the warm-up step and
+    the last tick."""
+    return min(MOST_STEPS, new_tokens - SKIP - 2)
 
 
 def setting_profile(args, title: str) -> StepProfile | None:

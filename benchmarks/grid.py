@@ -38,15 +38,19 @@ from unittest import mock
 
 import torch
 import transformers
+from arguments import at_least, cache_setting
 from engine import SPEC
 from machine import available_cores, cpu_model
 from tabulate import tabulate
 
 from snapeval.cache import install
+from snapeval.cli import one_line_errors
 from snapeval.configs.compose import compose_config
+from snapeval.configs.task import MIN_RULER_CONTEXT
 from snapeval.decode.continuous import ContinuousBatcher, Request
 from snapeval.decode.continuous import batcher as batcher_module
 from snapeval.decode.stops import stop_ids
+from snapeval.errors import SnapevalError
 from snapeval.models import load_model, load_tokenizer
 from snapeval.run.prompting import encode_with_split, fit_to_window
 from snapeval.tasks import load_task
@@ -152,10 +156,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-sweep", action="store_true", help="leave out the end-to-end sweep")
     parser.add_argument("--skip-separate", action="store_true", help="leave out the settings one by one")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    positive = ("--budgets", "--kernels", "--prompts", "--max-new-tokens", "--rows", "--threads")
+    at_least(args, {**dict.fromkeys(positive, 1), "--longbench-tokens": 0, "--ruler-tokens": 0})
+    if 0 < args.longbench_tokens <= args.max_new_tokens:
+        message = f"must be 0 (no LongBench-v2) or more than --max-new-tokens ({args.max_new_tokens})"
+        raise SnapevalError(f"{message}, got {args.longbench_tokens}", "--longbench-tokens")
+    if 0 < args.ruler_tokens < MIN_RULER_CONTEXT:
+        message = f"must be 0 (no RULER) or >= {MIN_RULER_CONTEXT}, got {args.ruler_tokens}"
+        raise SnapevalError(message, "--ruler-tokens")
+    for setting in settings(args.budgets, args.kernels):
+        cache_setting(setting, {"budget": "--budgets", "kernel": "--kernels"})
+    return args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+@one_line_errors
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
@@ -189,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"x kernels {args.kernels}; greedy, {args.max_new_tokens} new tokens; {args.rows} rows\n"
     )
     print(tabulate(rows, headers="keys", tablefmt="github"))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -33,7 +33,10 @@ import sys
 import time
 from pathlib import Path
 
+from arguments import at_least
 from machine import MIB, PeakRss, available_cores, cpu_model
+
+from snapeval.cli import one_line_errors
 
 OLD = "old: from_pretrained + .to"
 NEW = "load_model (device_map)"
@@ -183,10 +186,11 @@ def header(device: str) -> str:
     )
 
 
-def main() -> None:
+@one_line_errors
+def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
         print(json.dumps(child(*sys.argv[2:])))
-        return
+        return 0
     from tabulate import tabulate
 
     parser = argparse.ArgumentParser(
@@ -201,11 +205,13 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=1, help="fresh processes per path: the median")
     args = parser.parse_args()
+    at_least(args, {"--repeats": 1})
     print(header(args.device))
     table, source = rows(args.models, args.device, args.repeats)
     print(f"peak host RSS: {source}; medians of {args.repeats} fresh process(es) per row\n")
     print(tabulate(table, headers=HEADERS, disable_numparse=True))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

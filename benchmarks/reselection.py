@@ -26,16 +26,19 @@ import importlib.util
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 
 import torch
 import transformers
+from arguments import at_least, cache_setting
 from engine import SPEC
 from machine import available_cores, cpu_model
 from tabulate import tabulate
 
 from snapeval.cache import install
+from snapeval.cli import one_line_errors
 from snapeval.decode.continuous import ContinuousBatcher, Request
 from snapeval.models import load_model
 
@@ -100,10 +103,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="rounds over every setting (median)")
     parser.add_argument("--compile", default="off", choices=["off", "on"], help="compile the step")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    positive = ("--rows", "--prompt", "--budget", "--buffer", "--repeats", "--threads")
+    at_least(args, {**dict.fromkeys(positive, 1), "--steps": 2})  # 2 steps: the prefill's token, one decoded
+    flags = {
+        "budget": "--budget",
+        **dict.fromkeys(("ring", "buffer", "reselect_every", "compression_interval"), "--buffer"),
+    }
+    for _, cache, _ in settings(args.budget, args.buffer):
+        cache_setting(cache, flags)
+    return args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+@one_line_errors
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
@@ -131,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"after a {args.prompt}-token prompt; B={args.budget}, b={args.buffer}; compile {args.compile}\n"
     )
     print(tabulate(results, headers="keys", tablefmt="github", floatfmt=".2f"))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -24,18 +24,21 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import transformers
+from arguments import at_least, cache_setting
 from engine import SPEC
 from machine import available_cores, cpu_model
 from tabulate import tabulate
 from tqdm import tqdm
 
 from snapeval.cache import build_cache, install
+from snapeval.cli import one_line_errors
 from snapeval.configs.compose import compose_config
 from snapeval.decode.continuous import ContinuousBatcher, Request
 from snapeval.decode.generation import generate
@@ -52,7 +55,7 @@ def aime_requests(tokenizer, args: argparse.Namespace, stop_ids: frozenset[int])
         os.environ["SNAPEVAL_DATA_DIR"] = str(SHARED_DATA)
     cfg = compose_config("task=aime24")
     prompts = load_task(cfg["task"], seed=0).prompts(tokenizer)[: args.problems]
-    cache = {"method": args.method} | ({"budget": args.budget} if args.method != "full" else {})
+    cache = cache_of(args)
     requests = []
     for prompt in prompts:
         ids, _ = encode_with_split(tokenizer, prompt.messages, None)
@@ -62,6 +65,11 @@ def aime_requests(tokenizer, args: argparse.Namespace, stop_ids: frozenset[int])
                 Request(tuple(ids), cache, args.max_new_tokens, sampling, stop_ids, tag=len(requests))
             )
     return requests
+
+
+def cache_of(args: argparse.Namespace) -> dict:
+    """The cache every answer decodes with: ``--method``, at ``--budget`` unless it is the full cache."""
+    return {"method": args.method} | ({"budget": args.budget} if args.method != "full" else {})
 
 
 def batched(model, requests: list[Request], rows: int, compile: str, refill: bool, warm_up: bool = False):
@@ -101,10 +109,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget", type=int, default=256, help="budget of a compressing method")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
     parser.add_argument("--one-by-one", type=int, default=8, help="answers timed one by one (0: none)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    positive = ("--problems", "--draws", "--rows", "--budget", "--threads")
+    # 2 new tokens: the prefill's and one decoded, which the step times are of
+    at_least(args, {**dict.fromkeys(positive, 1), "--max-new-tokens": 2, "--one-by-one": 0})
+    cache_setting(cache_of(args), {"method": "--method", "budget": "--budget"})
+    return args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+@one_line_errors
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
@@ -171,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     step_ratio = continuous["ms/step"] / compiled["ms/step"]
     print(f"\ncontinuous / static tokens/s: {ratio:.2f}x ({verdict(ratio, 1.5)})")
     print(f"compiled / eager decode step: {step_ratio:.2f}x ({verdict(step_ratio, 1.2)})")
+    return 0
 
 
 def verdict(ratio: float, goal: float) -> str:
@@ -178,4 +193,4 @@ def verdict(ratio: float, goal: float) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -23,8 +23,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from arguments import at_least
 from tabulate import tabulate
 
+from snapeval.cli import one_line_errors
 from snapeval.results import ResultsDB
 
 
@@ -57,12 +59,14 @@ def timed(commands: list[list[str]], folder: Path) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+@one_line_errors
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--experiment", default="ruler_budget_sweep", help="the +exp= to run")
     parser.add_argument("--limit", type=int, default=4, help="run.limit: prompts per point")
     parser.add_argument("--workers", type=int, nargs="+", default=[2], help="worker counts to compare with 1")
     args = parser.parse_args()
+    at_least(args, {"--limit": 1, "--workers": 1})
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"# {datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, {os.cpu_count()} cores, load {load}")
     print(f"# python -m snapeval +exp={args.experiment} run.limit={args.limit}")
@@ -80,7 +84,8 @@ def main() -> None:
         )
         rows.append([workers, split, f"{seconds:.1f}", stored, f"{single / seconds:.2f}x"])
     print(tabulate(rows, headers=["workers", "split", "wall s", "samples", "speed-up"], tablefmt="github"))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

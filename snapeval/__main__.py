@@ -6,13 +6,16 @@ A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``)
 be used (``run.db``), a data file, shard or draft name is refused in one line with exit code 2 before
 torch and transformers load; cache parameters, drafts' and the model's configs next, before any model
 loads (:mod:`snapeval.run.plan`). A sweep (``-m``) checks each of its points in its own job. Ctrl-C or
-SIGTERM ends the run as ``interrupted`` (exit 130 or 143).
+SIGTERM ends the run as ``interrupted`` (exit 130 or 143). ``--nproc N`` runs it tensor parallel on N
+processes of this machine (:mod:`snapeval.cli.launch`), reported as one command.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -20,13 +23,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from snapeval.cli import EXIT_BAD_INPUT, error_line, keep_interrupts, report, writing_rank
+from snapeval.cli import EXIT_BAD_INPUT, error_line, keep_interrupts, report
+from snapeval.cli.launch import launch, split_nproc
+from snapeval.cli.world import writing_rank
 from snapeval.configs import legacy
 from snapeval.configs.check import check, check_choices
 from snapeval.configs.compose import compose_job, plain
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
 from snapeval.run.plan import RunPlan, check_inputs, make_plan
+
+SILENT_HYDRA = ("hydra/hydra_logging=disabled", "hydra/job_logging=disabled")
+"""What a rank other than 0 runs Hydra with: rank 0 alone says what a sweep launches, and keeps its
+record (``hydra.sweep.dir``)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,7 @@ class Checked:
 
     config: dict[str, Any]
     plan: RunPlan | None
+    created: Path | None = None  # the database file this command created: removed if it ends refused
 
 
 def main(checked: Checked | None = None) -> None:
@@ -44,6 +54,9 @@ def main(checked: Checked | None = None) -> None:
     composes and checks its own point, or Hydra's flags (``--cfg job``, ``--help``)."""
     if checked is not None:
         if code := run_job(checked.config, checked.plan, multirun=False):
+            from snapeval.results.created import remove_unused
+
+            remove_unused(checked.created)
             sys.exit(code)
         return
 
@@ -52,7 +65,12 @@ def main(checked: Checked | None = None) -> None:
         if code := run_job(plain(cfg), None, HydraConfig.get().mode == RunMode.MULTIRUN):
             sys.exit(code)
 
-    job()
+    if writing_rank():
+        job()
+        return
+    with tempfile.TemporaryDirectory(prefix="snapeval-rank-") as folder:  # its sweep record, dropped
+        sys.argv += [*SILENT_HYDRA, f"hydra.sweep.dir={folder}"]
+        job()
 
 
 def run_job(config: dict[str, Any], plan: RunPlan | None, multirun: bool) -> int:
@@ -74,7 +92,7 @@ def run_job(config: dict[str, Any], plan: RunPlan | None, multirun: bool) -> int
         from snapeval.run.runner import execute, run
 
         summaries = execute(plan) if plan is not None else run(config)
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.run.workers.Terminated)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.run.signals.Terminated)
         return interrupted(exc)
     except SnapevalError as exc:
         code = report(exc)
@@ -110,12 +128,19 @@ def check_before_hydra(overrides: list[str]) -> Checked | None:
 
         check_search(config)  # every budget it may try planned as it would run
     from snapeval.results import ResultsDB  # the database opens (or fails on run.db) in a second
+    from snapeval.results.created import new_sqlite_file, remove_unused
 
+    created = None
     if writing_rank():  # torchrun's other ranks open no database
+        created = new_sqlite_file(config["run"]["db"])
         ResultsDB(config["run"]["db"]).close()
     if sweep:  # an experiment that sweeps (Hydra's mode: MULTIRUN): each job checks its point
         return None
-    return Checked(config, make_plan(inputs) if evaluates else None)
+    try:
+        return Checked(config, make_plan(inputs) if evaluates else None, created)
+    except BaseException:  # a refusal (or Ctrl-C) leaves no database it created
+        remove_unused(created)
+        raise
 
 
 def is_hydra_setting(override: str) -> bool:
@@ -126,7 +151,7 @@ def is_hydra_setting(override: str) -> bool:
 
 def interrupted(exc: KeyboardInterrupt) -> int:
     """Say in one line that the command was interrupted; its exit code: 143 for SIGTERM
-    (:class:`snapeval.run.workers.Terminated`), else 130 (Ctrl-C)."""
+    (:class:`snapeval.run.signals.Terminated`), else 130 (Ctrl-C)."""
     print(
         "interrupted: every sample stored so far is kept; the same command resumes the run",
         file=sys.stderr,
@@ -136,6 +161,12 @@ def interrupted(exc: KeyboardInterrupt) -> int:
 
 if __name__ == "__main__":
     try:  # Ctrl-C while torch loads (or anywhere before the run) ends in one line too
+        try:
+            processes, sys.argv[1:] = split_nproc(sys.argv[1:])
+            if processes is not None and processes > 1:  # the ranks' own commands check the rest
+                sys.exit(launch(processes, sys.argv[1:]))
+        except SnapevalError as exc:
+            sys.exit(report(exc))
         sys.argv[1:] = legacy.rewrite(sys.argv[1:])  # old spellings (task.limit=2), each with a note
         try:
             with keep_interrupts():

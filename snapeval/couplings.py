@@ -49,9 +49,19 @@ class Coupling:
 
     def applies(self) -> bool:
         """Whether the installed ``package`` is one snapeval uses this symbol of."""
-        return installed_version(self.package) is not None and (
-            not self.since or at_least(self.since, self.package)
-        )
+        return not self.unused_because()
+
+    def unused_because(self) -> str:
+        """Why snapeval uses no ``package`` installed here for this symbol ("" when it does): none is
+        installed, or the installed one is older than ``since``; the versions named."""
+        version = installed_version(self.package)
+        if version is None:
+            return f"{self.package} is not installed ({supported_range(self.package)})"
+        if self.since and not at_least(self.since, self.package):
+            return (
+                f"{self.package} {version} is older than {self.since}, the first snapeval uses {self.name} of"
+            )
+        return ""
 
     @property
     def name(self) -> str:

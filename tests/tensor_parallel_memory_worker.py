@@ -4,8 +4,8 @@ in a world of one, in the test's own process:
 * the batcher's pre-flight check (:func:`snapeval.decode.batch_rows.check_rows_fit`) with each rank told a
   different free-memory figure (:data:`FREE`): its decision, "fits" or the refusal's line;
 * on the tiny model saved in the folder it is given (when given), the bytes that rank's rows hold: every
-  answer's stored ``kv_bytes`` from continuous batcher rows (:data:`SETTINGS`), and the check's
-  ``row_bytes`` of the rank's cached shapes at each row's slots.
+  answer's stored ``kv_bytes_per_rank`` and ``kv_bytes`` (the whole row's) from continuous batcher rows
+  (:data:`SETTINGS`), and the check's ``row_bytes`` of the rank's cached shapes at each row's slots.
 
 Each rank writes ``rank<r>.json``.
 
@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:  # run as a script by torchrun
 
 from snapeval.cache import install  # noqa: E402
 from snapeval.cache.slots import CachedShapes, cached_shapes  # noqa: E402
+from snapeval.cli.world import launcher_world  # noqa: E402
 from snapeval.decode import batch_rows  # noqa: E402
 from snapeval.decode.continuous import ContinuousBatcher, Request  # noqa: E402
 from snapeval.errors import SnapevalError  # noqa: E402
@@ -33,7 +34,6 @@ from snapeval.models.parallel import (  # noqa: E402
     check_tensor_parallel,
     end_together,
     init_process_group,
-    launcher_world,
     tp_load_arguments,
 )
 
@@ -74,8 +74,8 @@ def decisions(rank: int) -> dict[str, str]:
 
 
 def row_figures(folder: str, world) -> dict:
-    """Each setting's stored ``kv_bytes`` and held slots (as the answer counts them), and the check's
-    bytes of a row of those slots, on this rank."""
+    """Each setting's stored ``kv_bytes_per_rank`` and ``kv_bytes`` and held slots (as the answer counts
+    them), and the check's bytes of a row of those slots, on this rank."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     check_tensor_parallel(AutoConfig.from_pretrained(folder), world.size)
@@ -90,6 +90,7 @@ def row_figures(folder: str, world) -> dict:
     shapes = cached_shapes(model)
     return {
         "kv_heads": shapes.kv_heads,
+        "kv_bytes_per_rank": {tag: answer.kv_bytes_per_rank for tag, answer in answers.items()},
         "kv_bytes": {tag: answer.kv_bytes for tag, answer in answers.items()},
         "slots": {tag: request.slots_needed for tag, request in zip(SETTINGS, requests, strict=True)},
         "row_bytes": {

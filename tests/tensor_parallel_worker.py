@@ -21,6 +21,7 @@ if str(ROOT) not in sys.path:  # run as a script by torchrun
     sys.path.insert(0, str(ROOT))
 
 from snapeval.cache import build_cache, install  # noqa: E402
+from snapeval.cli.world import launcher_world  # noqa: E402
 from snapeval.decode.continuous import ContinuousBatcher, Request  # noqa: E402
 from snapeval.decode.generation import generate  # noqa: E402
 from snapeval.decode.sampling import Sampling  # noqa: E402
@@ -29,7 +30,6 @@ from snapeval.models.parallel import (  # noqa: E402
     check_tensor_parallel,
     end_together,
     init_process_group,
-    launcher_world,
     tp_load_arguments,
 )
 

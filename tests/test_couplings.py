@@ -22,9 +22,27 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 @pytest.mark.parametrize("coupling", COUPLINGS, ids=lambda coupling: coupling.name)
 def test_each_coupling_resolves_in_the_installed_version(coupling: Coupling):
-    if not coupling.applies():
-        pytest.skip(f"{coupling.package} is not installed, or older than {coupling.since}")
+    if reason := coupling.unused_because():
+        pytest.skip(reason)
     assert resolve(coupling) is not None
+
+
+@pytest.mark.parametrize(
+    ("version", "since", "reason"),
+    [
+        (None, "", "kvpress is not installed (supported: {low}-{high})"),
+        ("0.5.5", "", ""),
+        ("0.5.5", "0.6.0", "kvpress 0.5.5 is older than 0.6.0, the first snapeval uses kvpress.presses.P of"),
+        ("0.6.0", "0.6.0", ""),
+    ],
+)
+def test_a_skipped_coupling_names_the_versions(version, since, reason, monkeypatch):
+    """The reason a coupling's test is skipped names what is installed and what snapeval uses."""
+    monkeypatch.setattr(couplings, "installed_version", lambda package: version)
+    coupling = Coupling("kvpress", "kvpress.presses", "P", "a press", since)
+    low, high = TESTED["kvpress"]
+    assert coupling.unused_because() == reason.format(low=low, high=high)
+    assert coupling.applies() == (not reason)
 
 
 def test_a_symbol_that_moved_is_named_in_one_line_with_the_version_and_the_range(monkeypatch):

@@ -26,15 +26,10 @@ import pytest
 import torch
 import transformers
 
+from snapeval.cli.world import World, launcher_world, writing_rank
 from snapeval.couplings import MOE_TENSOR_PARALLEL, at_least
 from snapeval.errors import SnapevalError
-from snapeval.models.parallel import (
-    World,
-    check_tensor_parallel,
-    is_writer,
-    launcher_world,
-    tp_load_arguments,
-)
+from snapeval.models.parallel import check_tensor_parallel, tp_load_arguments
 from tests import tensor_parallel_worker as worker
 from tests.families import FAMILIES
 
@@ -178,8 +173,8 @@ def test_refusals_read_from_the_config_alone():
 def test_the_world_is_torchruns():
     assert launcher_world({}) == World(1, 0, 0)
     world = launcher_world({"WORLD_SIZE": "3", "RANK": "2", "LOCAL_RANK": "0"})
-    assert world == World(3, 2, 0) and world.parallel and not is_writer(world)
-    assert is_writer(launcher_world({"WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0"}))
+    assert world == World(3, 2, 0) and world.parallel and not writing_rank(world)
+    assert writing_rank(launcher_world({"WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0"}))
     for bad in ({"WORLD_SIZE": "two"}, {"WORLD_SIZE": "2", "RANK": "2"}, {"WORLD_SIZE": "0"}):
         with pytest.raises(SnapevalError, match=r"^model\.tp: "):
             launcher_world(bad)
@@ -207,7 +202,8 @@ def test_a_tp2_run_stores_the_rows_of_a_tp1_run_and_rank_0_alone_writes(tiny_lla
     assert split.returncode == 0, split.stderr[-3000:]
     printed = {log.parent.name: log.read_text() for log in (tmp_path / "logs").rglob("stdout.log")}
     assert "random-llama" in printed["0"] and printed["1"] == ""
-    # every column of a sample but its seconds and memory (run metadata); kv_bytes is a rank's share
+    # every column of a sample but its seconds and memory (run metadata); its KV bytes: the whole row's
+    # alike, and a rank's share half of them
     columns = "sample_id, config_hash, prompt_tokens, output, target, score, metrics, generated_tokens, extra"
     stored = {}
     for name in ("tp1", "tp2"):
@@ -215,7 +211,7 @@ def test_a_tp2_run_stores_the_rows_of_a_tp1_run_and_rank_0_alone_writes(tiny_lla
             stored[name] = (
                 db.execute(f"SELECT {columns} FROM samples ORDER BY sample_id").fetchall(),
                 db.execute("SELECT status, tensor_parallel FROM runs").fetchall(),
-                db.execute("SELECT kv_bytes FROM samples ORDER BY sample_id").fetchall(),
+                db.execute("SELECT kv_bytes, kv_bytes_per_rank FROM samples ORDER BY sample_id").fetchall(),
             )
     assert len(stored["tp1"][0]) == 2
     for tp2_row, tp1_row in zip(stored["tp2"][0], stored["tp1"][0], strict=True):
@@ -227,7 +223,9 @@ def test_a_tp2_run_stores_the_rows_of_a_tp1_run_and_rank_0_alone_writes(tiny_lla
         assert tp2_extra == tp1_extra and tp2_counts["bins"] == tp1_counts["bins"]  # over ranks' heads
         assert tp2_counts["counts"] == pytest.approx(tp1_counts["counts"], abs=1e-6)
     assert stored["tp1"][1] == [("finished", 1)] and stored["tp2"][1] == [("finished", 2)]
-    assert [2 * per_rank for (per_rank,) in stored["tp2"][2]] == [whole for (whole,) in stored["tp1"][2]]
+    assert [whole for whole, _ in stored["tp2"][2]] == [whole for whole, _ in stored["tp1"][2]]
+    assert [2 * share for _, share in stored["tp2"][2]] == [share for _, share in stored["tp1"][2]]
+    assert all(whole == share for whole, share in stored["tp1"][2])
 
 
 @pytest.mark.slow  # .ci/run runs it

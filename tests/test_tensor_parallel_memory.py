@@ -5,9 +5,10 @@
   each rank is told its own figure, and both refuse, or both allocate, on the least free of any rank (a
   rank that refuses alone would leave the other waiting in a collective).
 * The memory estimator's ``tp`` and a run's world agree on one model: a tiny random Llama of 8 query and
-  4 KV heads, saved with ``save_pretrained``; the ``kv_bytes`` each rank stores for a row of a TP=2 run
-  is the estimator's bytes per sequence per socket at ``tp=2`` (half of TP=1's, which is ``tp=1``'s), and
-  the check's bytes of a row on a rank are those KV bytes, the rank's positions and the row's valid flags.
+  4 KV heads, saved with ``save_pretrained``; the ``kv_bytes_per_rank`` each rank stores for a row of a
+  TP=2 run is the estimator's bytes per sequence per socket at ``tp=2`` (half of TP=1's, which is
+  ``tp=1``'s), its ``kv_bytes`` the estimator's whole sequence (TP=1's, on every rank), and the check's
+  bytes of a row on a rank are a rank's KV bytes, the rank's positions and the row's valid flags.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def test_the_check_decides_alike_on_ranks_that_read_different_free_memory(ranks)
         assert "not even one fits" in first[case]
 
 
-def test_the_estimators_tp_gives_the_kv_bytes_a_tp2_run_stores_per_rank(ranks, folder, tmp_path):
+def test_the_estimators_tp_gives_the_kv_bytes_a_tp2_run_stores_per_rank_and_whole(ranks, folder, tmp_path):
     geometry = load_geometry(str(folder))
     single = worker.main(str(tmp_path), str(folder))["rows"]  # a world of one, in this process
     assert single["kv_heads"] == 4
@@ -82,22 +83,26 @@ def test_the_estimators_tp_gives_the_kv_bytes_a_tp2_run_stores_per_rank(ranks, f
     for tp, rows_of_ranks in ((1, [single]), (2, [rank["rows"] for rank in ranks])):
         for rank, rows in enumerate(rows_of_ranks):
             where = f"TP={tp}, rank {rank}"
-            stored = rows["kv_bytes"]
+            stored, whole = rows["kv_bytes_per_rank"], rows["kv_bytes"]
             assert rows["kv_heads"] == kv_heads_per_rank(geometry.num_kv_heads, tp), where
+            assert whole == single["kv_bytes"] == single["kv_bytes_per_rank"], where  # TP=1's, whole
             if tp == 2:
-                assert stored == {tag: got // 2 for tag, got in single["kv_bytes"].items()}, where
+                assert stored == {tag: got // 2 for tag, got in whole.items()}, where
             # a full row holds the prompt and the tokens it fed
             full = estimate(geometry, HARDWARE, context=prompt + decoded, tp=tp, kv_dtype=KV_DTYPE)
             assert stored["full"] == full.kv_bytes_per_sequence_full_per_socket, where
+            assert whole["full"] == full.kv_bytes_per_sequence_full, where
             for method in ("streaming_llm", "rkv", "snapkv"):
                 budget = worker.SETTINGS[method]["budget"]
                 rank_row = estimate(
                     geometry, HARDWARE, context=prompt, tp=tp, method=method, budget=budget, kv_dtype=KV_DTYPE
                 )
                 expected = rank_row.kv_bytes_per_sequence_compressed_per_socket
+                expected_whole = rank_row.kv_bytes_per_sequence_compressed
                 if method == "snapkv":  # its row grows past the budget by the tokens it decodes
                     expected += decoded * rank_row.kv_bytes_per_token_per_socket
-                assert stored[method] == expected, (where, method)
+                    expected_whole += decoded * rank_row.kv_bytes_per_token
+                assert (stored[method], whole[method]) == (expected, expected_whole), (where, method)
             for tag, slots in rows["slots"].items():  # the check's row: KV bytes, positions, valid flags
                 kv = kv_bytes_per_sequence(geometry, slots, KV_DTYPE, tp=tp)
                 positions = slots * geometry.num_layers * rows["kv_heads"] * batch_rows.POSITION_BYTES

@@ -29,7 +29,8 @@ from snapeval.results import ResultsDB, config_hash
 from snapeval.results.leases import needing_attention
 from snapeval.results.schema import claims, runs, samples
 from snapeval.run import runner
-from snapeval.run.workers import SETTINGS_PER_PREFILL, ClaimingFeed, Terminated, shard
+from snapeval.run.signals import Terminated
+from snapeval.run.workers import SETTINGS_PER_PREFILL, ClaimingFeed, shard
 
 #: A small point of the embedded model: 128-token passkey prompts, one row at a time so that samples
 #: are claimed one by one.

@@ -32,6 +32,17 @@ def mean_over_ranks(tensor: Any, model: Any) -> Any:
     return total / size
 
 
+def whole_kv_bytes(share: int, heads_here: int, model: Any) -> int:
+    """The KV bytes of a row on one device, of which this rank holds ``share`` over its ``heads_here`` KV
+    heads: ``share`` times the model's KV heads over those (every head holds as many bytes). A family whose
+    plan splits the KV heads (Llama: k/v colwise) holds 1/TP of them on each rank, so this is every rank's
+    share summed; one that keeps them whole on every rank (Phi-3, GPT-OSS) holds the whole row on each, and
+    this is ``share`` itself, as on one device (a sum over the ranks would count it TP times)."""
+    config = model.config.get_text_config()
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return share * heads // heads_here
+
+
 def tp_group(model: Any) -> Any:
     """The process group of the ranks ``model`` is split across: its device mesh's ``tp`` dimension
     (transformers 5.17 on: a (pp, fsdp, tp) mesh), its one dimension (before), else the default group."""

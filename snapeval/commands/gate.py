@@ -1,4 +1,4 @@
-"""Accuracy gates: ``python -m snapeval.commands.gate --spec conf/gates/ci.yaml [--db URL] [--no-run]``.
+"""Accuracy gates: ``snapeval gate --spec conf/gates/ci.yaml [--db URL] [--no-run]``.
 
 A gate compares a compressed cache with the full cache on the same samples of a task. It passes when, over
 at least ``min_n`` paired samples, the one-sided 95% lower bound of the retention
@@ -19,9 +19,9 @@ full cache as the compressed one are refused before anything runs.
 
 Both settings are first planned (:func:`snapeval.run.plan.make_plan`) and executed
 (:func:`snapeval.run.runner.execute`), which computes only the samples the database lacks (skipped with
-``--no-run``); verdicts are then judged from the database alone, on every
-paired sample stored for the two configs. Exit status: 0 when every gate passes, 1 when one fails, 2 on a
-bad spec, config or database.
+``--no-run``): each gate says how many samples it runs, and each side shows a run's progress bar. Verdicts
+are then judged from the database alone, on every paired sample stored for the two configs. Exit status: 0
+when every gate passes, 1 when one fails, 2 on a bad spec, config or database.
 """
 
 from __future__ import annotations
@@ -97,10 +97,9 @@ class Gate:
 
     @staticmethod
     def config(overrides: tuple[str, ...], db_url: str) -> dict[str, Any]:
-        """The run config of ``overrides``, storing its samples at ``db_url``, without a progress bar."""
+        """The run config of ``overrides``, storing its samples at ``db_url``."""
         config = compose_config(*legacy.rewrite(list(overrides)))
         config["run"]["db"] = db_url
-        config["run"]["progress"] = False
         return config
 
 
@@ -223,13 +222,18 @@ def located(where: str) -> Iterator[None]:
         raise SnapevalError(str(exc), where) from None
 
 
-def run_gate(gate: Gate, plans: list[RunPlan]) -> None:
-    """Run what the database lacks of the gate's full-cache and compressed plans, each model loaded once
-    (the two sides of a gate differ in their cache)."""
+def run_gate(gate: Gate, plans: list[RunPlan], samples: int) -> None:
+    """Run what the database lacks of the gate's full-cache and compressed plans (``samples`` each, said
+    first), each model loaded once (the two sides of a gate differ in their cache)."""
     from snapeval.models import ModelSpec  # torch: only once the spec, its configs and the database are good
     from snapeval.run.evaluation import Loaded
     from snapeval.run.runner import execute
 
+    print(
+        f"{gate.name}: {samples} samples of {plans[0].config['task']['name']}, each with the full cache and "
+        f"with {' '.join(gate.cache)} (those stored already are not run again)",
+        flush=True,
+    )
     models: dict[str, Loaded] = {}
     for plan in plans:
         start = time.perf_counter()
@@ -263,9 +267,7 @@ def _scores(db: ResultsDB, config: Mapping[str, Any]) -> dict[str, float]:
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m snapeval.commands.gate", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="snapeval gate", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--spec", required=True, type=Path, help="YAML list of gates, e.g. conf/gates/ci.yaml"
     )
@@ -282,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             with located(where):
                 plans[where] = make_plan(inputs)
         for index, gate in enumerate(gates):
-            run_gate(gate, [plans[f"{args.spec}[{index}].{key}"] for key in ("task", "cache")])
+            sides = [f"{args.spec}[{index}].{key}" for key in ("task", "cache")]
+            run_gate(gate, [plans[where] for where in sides], checked[sides[0]].samples)
     with open_existing(db_url) as db:
         verdicts = [judge(gate, db) for gate in gates]
     for verdict in verdicts:

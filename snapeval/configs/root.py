@@ -36,6 +36,8 @@ DB_DEFAULT = f"${{oc.env:{DB_ENV_VAR},{DEFAULT_DB}}}"
 """``run.db``'s default: resolved when a config is composed, so one variable means one database for
 ``python -m snapeval`` and the reading commands alike. Precedence: ``run.db=...`` (``--db`` for the
 reading commands) on the command line, then ``$SNAPEVAL_DB``, then :data:`DEFAULT_DB`."""
+RENDEZVOUS_S = 300
+"""How long the ranks of a tensor-parallel launch wait to meet, unless ``run.rendezvous_s`` says."""
 MAX_DRAWS = 10_000
 """The most answers drawn per prompt (``generation.num_samples``); a run's requests (prompts x draws) are
 capped too (:data:`MAX_REQUESTS`): each is a stored sample, set up before the first is evaluated."""
@@ -85,6 +87,12 @@ class RunConfig(Checked):
         check=integer(low=4, high=MAX_LEASE_S),
         stored=False,
         help="a dead worker's claims expire after this",
+    )
+    rendezvous_s: int = setting(
+        RENDEZVOUS_S,
+        check=integer(high=MAX_LEASE_S),
+        stored=False,
+        help="how long the ranks of a tensor-parallel launch wait to meet",
     )
 
 

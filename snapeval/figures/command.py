@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from snapeval.cli import one_line_errors, writing_rank
+from snapeval.cli import one_line_errors
+from snapeval.cli.world import writing_rank
 from snapeval.errors import SnapevalError
 from snapeval.figures import FIGURES, NothingToDraw
 from snapeval.figures.panels import figure_paths

@@ -30,6 +30,7 @@ from transformers.activations import ACT2FN
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from snapeval.cache.attention import check_model_config
+from snapeval.cli.world import launcher_world
 from snapeval.configs import model as configs_model
 from snapeval.configs.fields import WEIGHT_SHAPES, model_entry
 from snapeval.configs.methods import draft_names
@@ -37,7 +38,6 @@ from snapeval.errors import SnapevalError
 from snapeval.models.parallel import (
     check_tensor_parallel,
     init_process_group,
-    launcher_world,
     tp_load_arguments,
 )
 

@@ -1,11 +1,13 @@
 """The launcher's world: tensor parallel under torchrun, on transformers' TP plans.
 
-``torchrun --nproc-per-node N ...`` starts N processes with ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK`` in
-their environment; :func:`launcher_world` reads them (a plain ``python`` run is a world of one). A world
+``snapeval run --nproc N`` or ``torchrun --nproc-per-node N`` starts N processes, whose world
+:func:`snapeval.cli.world.launcher_world` reads (a plain ``python`` run is a world of one). A world
 larger than one is tensor parallel: every rank loads the same model with transformers' TP plan
 (:func:`tp_load_arguments`), which splits attention heads and MLP columns across the ranks and gathers the
 LM head's output, so every rank sees the same logits and takes the same token. :func:`init_process_group`
-starts the process group (NCCL on CUDA, gloo on CPU) with a timeout and binds a rank to its device.
+starts the process group (NCCL on CUDA, gloo on CPU) once the ranks meet
+(:mod:`snapeval.models.rendezvous`), with a timeout, and binds a rank to its device;
+:func:`end_process_group` ends it in order.
 
 :func:`check_tensor_parallel` refuses, in one line and before any weight loads, what TP cannot split: a
 family whose config class carries no TP plan, head counts the world does not divide (each rank must hold
@@ -14,7 +16,8 @@ that cannot be split; replicating it on every rank is not measured here, so it i
 of experts below the transformers release whose plans split experts exactly here
 (:data:`snapeval.couplings.MOE_TENSOR_PARALLEL`).
 
-Only the writer (rank 0, :func:`is_writer`) writes results; the others compute alongside it.
+Only the writer (rank 0, :func:`snapeval.cli.world.writing_rank`) writes results; the others compute
+alongside it.
 Importing this module loads no torch.
 """
 
@@ -22,55 +25,18 @@ from __future__ import annotations
 
 import atexit
 import inspect
-import os
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from contextlib import suppress
 from typing import Any, NoReturn
 
+from snapeval.cli.world import FIELD, World, launcher_world
+from snapeval.configs.root import RENDEZVOUS_S
 from snapeval.couplings import MOE_TENSOR_PARALLEL, at_least, transformers_version
 from snapeval.errors import SnapevalError
+from snapeval.models.rendezvous import rendezvous
 
 TIMEOUT_S = 600  # a collective that waits longer than this on a peer ends the rank (NCCL/gloo timeout)
 EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")  # how configs name a MoE's experts
-FIELD = "model.tp"  # what a refusal names: the launcher's world, as a TP degree
-
-
-@dataclass(frozen=True)
-class World:
-    """The processes the launcher started: ``size`` of them, this one ``rank`` (``local_rank`` on its
-    node)."""
-
-    size: int = 1
-    rank: int = 0
-    local_rank: int = 0
-
-    @property
-    def parallel(self) -> bool:
-        """Whether this is a tensor-parallel run (more than one process)."""
-        return self.size > 1
-
-
-def launcher_world(environ: Mapping[str, str] | None = None) -> World:
-    """The world torchrun describes in ``environ`` (``os.environ``): WORLD_SIZE, RANK, LOCAL_RANK; a
-    world of one where they are not set."""
-    environ = os.environ if environ is None else environ
-    values = {}
-    for key, default in (("WORLD_SIZE", 1), ("RANK", 0), ("LOCAL_RANK", 0)):
-        raw = environ.get(key, "")
-        try:
-            values[key] = int(raw) if raw.strip() else default
-        except ValueError:
-            raise SnapevalError(f"{key}={raw!r} is not a whole number (set by torchrun)", FIELD) from None
-    size, rank, local = values["WORLD_SIZE"], values["RANK"], values["LOCAL_RANK"]
-    if size < 1 or not 0 <= rank < size or local < 0:
-        raise SnapevalError(f"WORLD_SIZE={size}, RANK={rank}, LOCAL_RANK={local} is not a world", FIELD)
-    return World(size, rank, local)
-
-
-def is_writer(world: World | None = None) -> bool:
-    """Whether this process writes results, figures and reports: rank 0 (every process of a world of one)."""
-    return (world or launcher_world()).rank == 0
 
 
 def text_config(config: Any) -> Any:
@@ -143,10 +109,11 @@ def tp_load_arguments(world: World) -> dict[str, Any]:
     return {"tp_plan": "auto"}
 
 
-def init_process_group(world: World, timeout_s: float = TIMEOUT_S) -> Any:
-    """Start the process group of ``world`` (NCCL on CUDA, gloo on CPU) with a collective timeout of
-    ``timeout_s``, unless started already (it ends as the process exits), and return this rank's device
-    (``cuda:LOCAL_RANK`` or cpu)."""
+def init_process_group(world: World, rendezvous_s: float = RENDEZVOUS_S, timeout_s: float = TIMEOUT_S) -> Any:
+    """Start the process group of ``world`` (NCCL on CUDA, gloo on CPU), its ranks met within
+    ``rendezvous_s`` (:func:`rendezvous`), with a collective timeout of ``timeout_s``, unless started
+    already (:func:`end_process_group` ends it), and return this rank's device (``cuda:LOCAL_RANK`` or
+    cpu)."""
     from datetime import timedelta
 
     import torch
@@ -163,16 +130,29 @@ def init_process_group(world: World, timeout_s: float = TIMEOUT_S) -> Any:
     if cuda:
         torch.cuda.set_device(device)
     if world.parallel and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
-        atexit.register(_destroy_process_group)  # a rank that exits with it alive may abort (gloo)
+        store = rendezvous(world, rendezvous_s)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            store=store,
+            rank=world.rank,
+            world_size=world.size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        atexit.register(end_process_group)  # a rank that exits with it alive may abort (gloo)
     return device
 
 
-def _destroy_process_group() -> None:
+def end_process_group() -> None:
+    """End the process group in order, if one is started: a barrier first, so that no rank tears its
+    connections down while a peer still talks over them (gloo aborts a process whose peer closes
+    mid-message), then its end. A peer already gone skips the barrier's wait."""
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return
+    with suppress(Exception):  # a peer gone: nothing left to wait for
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 LOST_PEER_WORDS = ("gloo", "NCCL", "Connection closed", "Connection reset", "timed out", "Timeout")
@@ -205,9 +185,5 @@ def end_together(error: SnapevalError) -> NoReturn:
     every rank has printed its line; exit code 2."""
     print(f"error: {error}", file=sys.stderr, flush=True)
     if "torch.distributed" in sys.modules:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
+        end_process_group()
     raise SystemExit(2)

@@ -7,7 +7,8 @@ import math
 import sys
 from pathlib import Path
 
-from snapeval.cli import one_line_errors, writing_rank
+from snapeval.cli import one_line_errors
+from snapeval.cli.world import writing_rank
 from snapeval.errors import SnapevalError
 from snapeval.results.files import safe_output, write_atomically
 from snapeval.results.options import add_db_option, open_existing

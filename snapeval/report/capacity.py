@@ -15,7 +15,7 @@ from snapeval.memory import ModelGeometry, estimate, geometry_from_config
 from snapeval.memory.catalogue import shipped_config
 from snapeval.memory.estimate import MemoryEstimate
 from snapeval.report.analysis import Decision
-from snapeval.report.data import Experiment, Setting
+from snapeval.report.data import Experiment
 from snapeval.report.document import Block, Cell, Heading, Mark, Paragraph, Table, binary_size
 
 HARDWARE = ("h100", "h200", "sn40l")
@@ -76,16 +76,8 @@ def capacity_blocks(experiment: Experiment, decisions: list[Decision]) -> list[B
         *(f"rows, {HARDWARE_NAMES[e.hardware]} {tier.label}" for e, tier in columns),
     )
     rows: list[tuple[Cell, ...]] = [_row("Full cache", 1.0, columns)]
-    full_degrees = experiment.full.tensor_parallel if experiment.full else ()
-    for label, setting, ratio in _passing(decisions):
-        mixed = full_degrees and setting.tensor_parallel != full_degrees
-        if mixed:
-            measured = (
-                f"KV measured at {_degrees(setting.tensor_parallel)} against the full cache's at "
-                f"{_degrees(full_degrees)}: not comparable"
-            )
-            rows.append((label, Mark(measured, "muted"), *("-" for _ in columns)))
-        elif math.isnan(ratio):
+    for label, ratio in _passing(decisions):
+        if math.isnan(ratio):
             rows.append((label, Mark("KV bytes not stored", "muted"), *("-" for _ in columns)))
         else:
             rows.append(_row(label, ratio, columns))
@@ -100,9 +92,8 @@ def capacity_blocks(experiment: Experiment, decisions: list[Decision]) -> list[B
         Paragraph(
             "A compressed row (the smallest budget meeting a target; the others are not sized here): the "
             "full cache's estimate times the KV bytes its runs held over the full cache's on the same "
-            "samples (both a rank's, so TP leaves the ratio as it is). Estimator notes: "
-            + "; ".join(notes)
-            + ".",
+            "samples (both the whole row's, over every rank, so runs at any TP degree compare). Estimator "
+            "notes: " + "; ".join(notes) + ".",
             note=True,
         ),
     ]
@@ -134,19 +125,16 @@ def _degrees(degrees: tuple[int, ...]) -> str:
     return "tp=" + ", ".join(str(d) for d in degrees)
 
 
-def _passing(decisions: list[Decision]) -> list[tuple[str, Setting, float]]:
-    """``(label, setting, measured KV ratio)`` of each setting that is the smallest to meet a target, once."""
-    labels: dict[str, tuple[str, Setting, float, list[str]]] = {}
+def _passing(decisions: list[Decision]) -> list[tuple[str, float]]:
+    """``(label, measured KV ratio)`` of each setting that is the smallest to meet a target, once."""
+    labels: dict[str, tuple[str, float, list[str]]] = {}
     for decision in decisions:
         if decision.passing is not None:
             setting = decision.passing.setting
             label = decision.series.labelled(setting)
-            entry = labels.setdefault(setting.digest, (label, setting, decision.passing.kv_ratio, []))
-            entry[3].append(f"{decision.target:g}")
-    return [
-        (f"{label} (meets {', '.join(targets)})", setting, ratio)
-        for label, setting, ratio, targets in labels.values()
-    ]
+            entry = labels.setdefault(setting.digest, (label, decision.passing.kv_ratio, []))
+            entry[2].append(f"{decision.target:g}")
+    return [(f"{label} (meets {', '.join(targets)})", ratio) for label, ratio, targets in labels.values()]
 
 
 def _row(label: str, ratio: float, columns: list[tuple[MemoryEstimate, Any]]) -> tuple[Cell, ...]:

@@ -96,7 +96,8 @@ def experiment_blocks(
         Paragraph(
             "Keeps t: yes when the one-sided 95% lower bound of the retention reaches t, no when its upper "
             "bound is below t, open otherwise; too few when even no loss on these samples could not show t. "
-            "KV MiB and decode tokens/s as the runs measured them.",
+            "KV MiB and decode tokens/s as the runs measured them; KV MiB is the whole row's, over every "
+            "rank of a tensor-parallel run, so settings run at different TP degrees compare.",
             note=True,
         ),
         Heading(3, "Smallest budget shown to keep each retention target"),

@@ -24,14 +24,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from sqlalchemy import Engine, create_engine, delete, event, false, inspect, make_url, text
+from sqlalchemy import Engine, create_engine, delete, event, false, inspect, make_url, text, update
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from snapeval.configs import root
 from snapeval.errors import SnapevalError
-from snapeval.results.files import is_sqlite
-from snapeval.results.schema import memory_estimates, metadata, required_columns, runs, samples
+from snapeval.results.files import is_sqlite, sidecar_message, sidecar_of
+from snapeval.results.schema import (
+    memory_estimates,
+    metadata,
+    required_columns,
+    runs,
+    samples,
+    stored_before,
+)
 
 DEFAULT_DB = Path(root.DEFAULT_DB)  # run.db's default without $SNAPEVAL_DB
 DB_ENV_VAR = root.DB_ENV_VAR
@@ -160,10 +167,13 @@ def _in_memory_message(url: str) -> str:
 
 
 def _check_file(path: Path, must_exist: bool, writable: bool, field: str) -> None:
-    """A SQLite file that can be opened: not a folder; one that exists if ``must_exist``; an existing
-    SQLite database (never one created or turned into one) unless ``writable``."""
+    """A SQLite file that can be opened: not a folder, nor a file SQLite keeps beside another database
+    (its ``-wal``, ``-shm`` or ``-journal``); one that exists if ``must_exist``; an existing SQLite
+    database (never one created or turned into one) unless ``writable``."""
     if path.is_dir():
         raise SnapevalError(f"{_short(path)} is a directory, not a database file", field)
+    if sidecar := sidecar_of(path):
+        raise SnapevalError(sidecar_message(Path(_short(path)), *sidecar), field)
     if must_exist and not path.is_file():
         raise SnapevalError(f"no results database at {_short(path)}; run python -m snapeval first", field)
     if not writable and path.is_file() and not is_sqlite(path):
@@ -224,7 +234,9 @@ def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
 
 def create_schema(engine: Engine) -> None:
     """Create the tables that are missing and add the columns that a database written by an older
-    snapeval lacks (nullable columns only: old rows keep their values)."""
+    snapeval lacks (nullable columns only: old rows keep their values, or take the values the older
+    snapeval stored of them elsewhere, :func:`~snapeval.results.schema.stored_before`, in the
+    transaction that adds them)."""
     with engine.begin() as conn:
         # several workers may open a new database at once: PostgreSQL's concurrent CREATE TABLE IF NOT
         # EXISTS can still collide, so they take turns; SQLite runs each statement under its write lock
@@ -234,15 +246,20 @@ def create_schema(engine: Engine) -> None:
         for table in metadata.sorted_tables:
             if existing.has_table(table.name):
                 have = {column["name"] for column in existing.get_columns(table.name)}
+                derived = stored_before(table, have, tensor_parallel=True)  # runs came first: it has it
+                added = set()
                 for column in table.columns:
                     if column.name not in have:
                         kind = column.type.compile(dialect=engine.dialect)
                         add = f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"
                         try:
                             conn.execute(text(add))
+                            added.add(column.name)
                         except DBAPIError as exc:  # SQLite: another worker added it a moment ago
                             if "duplicate column" not in str(exc.orig):
                                 raise
+                if derived and set(derived) - have <= added:  # else the worker that added them did it
+                    conn.execute(update(table).values(derived))
                 continue
             conn.execute(CreateTable(table, if_not_exists=True))
             for index in table.indexes:

@@ -2,8 +2,10 @@
 
 :func:`safe_output` refuses, before any work, an output that is (or resolves to, through symlinks or
 ``..``) one of the command's inputs, any SQLite database (told by its first bytes, :func:`is_sqlite`), a
-folder or a special file. :func:`write_atomically` writes through a temporary file beside the output,
-renamed into place, so that a full disk or a kill leaves the old file (or none), never part of one.
+file SQLite keeps beside one (:func:`sidecar_of`: its write-ahead log, which holds committed transactions
+the database file may not have yet, its shared memory or its rollback journal), a folder or a special
+file. :func:`write_atomically` writes through a temporary file beside the output, renamed into place,
+so that a full disk or a kill leaves the old file (or none), never part of one.
 
 Standard library only: commands check their outputs before anything heavy loads.
 """
@@ -21,6 +23,7 @@ from typing import IO, Any
 from snapeval.errors import SnapevalError
 
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
+SIDECARS = ("-wal", "-shm", "-journal")  # SQLite's files beside a database X: X-wal, X-shm, X-journal
 _NAME_KEPT = 200  # of the output's name in its temporary file's, within the 255 bytes a name may have
 
 
@@ -30,18 +33,42 @@ def is_sqlite(path: Path) -> bool:
         return file.read(len(SQLITE_HEADER)) == SQLITE_HEADER
 
 
+def sidecar_of(path: Path) -> tuple[Path, str] | None:
+    """The SQLite database whose ``-wal``, ``-shm`` or ``-journal`` file ``path`` is (by its name as given
+    or resolved), with that suffix; None when ``path`` is no such file of an existing database."""
+    for name in dict.fromkeys((os.fspath(path), os.path.realpath(path))):
+        for suffix in SIDECARS:
+            database = Path(name.removesuffix(suffix))
+            with suppress(OSError):
+                if name.endswith(suffix) and database.is_file() and is_sqlite(database):
+                    return database, suffix
+    return None
+
+
+def sidecar_message(path: Path, database: Path, suffix: str, named: str | None = None) -> str:
+    """Why ``path``, the ``suffix`` file of ``database`` (the file of option ``named``), is not written."""
+    of = f"the SQLite database {database}" if named is None else f"{named} ({database})"
+    return f"{path} is the {suffix} file of {of}: writing it would damage that database; give another file"
+
+
 def safe_output(path: Path, inputs: Mapping[str, Path | None], field: str) -> Path:
     """``path`` resolved (symlinks and ``..``) if a command may write it: not the file of one of its
-    ``inputs`` (option to file, None for none), not a SQLite database, a folder nor a special file; else a
-    :class:`SnapevalError` on ``field``."""
+    ``inputs`` (option to file, None for none), not a SQLite database nor a file SQLite keeps beside one,
+    a folder nor a special file; else a :class:`SnapevalError` on ``field``."""
     target = Path(os.path.realpath(path))
-    for option, source in inputs.items():
-        if source is not None and _same_file(target, source):
+    given = {option: source for option, source in inputs.items() if source is not None}
+    for option, source in given.items():
+        if _same_file(target, source):
             named = "" if os.fspath(path) == os.fspath(source) else f" ({source})"
             raise SnapevalError(
                 f"{path} is the file of {option}{named}: writing it would destroy it; give another file",
                 field,
             )
+    if sidecar := sidecar_of(path):
+        owner, suffix = sidecar
+        resolved = Path(os.path.realpath(owner))
+        named = next((option for option, source in given.items() if _same_file(resolved, source)), None)
+        raise SnapevalError(sidecar_message(path, owner, suffix, named), field)
     if target.is_dir():
         raise SnapevalError(f"{path} is a directory; give a file name", field)
     if not target.exists():

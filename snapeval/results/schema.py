@@ -7,11 +7,11 @@ other workers off a sample until it is stored or its expiry passes (the worker d
 
 A database written by an older snapeval lacks some tables (``claims``, ``decisions``) and nullable
 columns until a writer opens it; a reader sees it through :func:`stored_tables`: missing tables as empty,
-missing columns as NULL."""
+missing columns as NULL, or as :func:`stored_before` derives them from what the older snapeval stored."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from sqlalchemy import (
     JSON,
@@ -28,6 +28,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    case,
     false,
     inspect,
     null,
@@ -36,7 +37,7 @@ from sqlalchemy import (
 )
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine, FromClause
+    from sqlalchemy import ColumnElement, Engine, FromClause
 
 RunStatus = Literal["running", "finished", "failed", "interrupted"]
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
@@ -82,7 +83,8 @@ samples = Table(
     Column("decode_s", Float),
     Column("generated_tokens", Integer),
     Column("peak_memory_bytes", BigInteger),
-    Column("kv_bytes", BigInteger),
+    Column("kv_bytes", BigInteger),  # the row's keys and values on one device: over every rank under TP
+    Column("kv_bytes_per_rank", BigInteger),  # the share of them one rank held (kv_bytes without TP)
     Column("extra", JSON(none_as_null=True)),
     Column("created_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("config_hash", "sample_id", name="uq_samples_config_sample"),
@@ -124,28 +126,50 @@ def required_columns(table: Table) -> list[str]:
     return [column.name for column in table.columns if not column.nullable]
 
 
-def stored_tables(engine: Engine) -> dict[str, FromClause]:
-    """Each of snapeval's tables as ``engine``'s database holds it (:func:`as_stored`), by name."""
-    inspector = inspect(engine)
-    present = set(inspector.get_table_names())
+def stored_before(table: Table, columns: set[str], tensor_parallel: bool) -> dict[str, ColumnElement[Any]]:
+    """What a database that holds only ``columns`` of ``table`` stored of its newer columns, in the place
+    of an older one, as today's columns read it, by column name; ``tensor_parallel``: its runs have that
+    column (a database without it ran nothing split across ranks).
+
+    Samples stored before ``kv_bytes_per_rank`` hold one rank's share in ``kv_bytes``: that is their
+    ``kv_bytes_per_rank``, and their ``kv_bytes`` where their run had no TP; NULL where it had, as the share
+    does not tell the whole (a family's TP plan splits its KV heads, or holds them all on every rank)."""
+    if table is not samples or "kv_bytes_per_rank" in columns or "kv_bytes" not in columns:
+        return {}
+    if not tensor_parallel:
+        return {"kv_bytes_per_rank": samples.c.kv_bytes}
+    degree = select(runs.c.tensor_parallel).where(runs.c.id == samples.c.run_id).scalar_subquery()
     return {
-        table.name: as_stored(
-            table,
-            {column["name"] for column in inspector.get_columns(table.name)}
-            if table.name in present
-            else None,
-        )
-        for table in metadata.sorted_tables
+        "kv_bytes": case((degree > 1, null()), else_=samples.c.kv_bytes),
+        "kv_bytes_per_rank": samples.c.kv_bytes,
     }
 
 
-def as_stored(table: Table, columns: set[str] | None) -> FromClause:
+def stored_tables(engine: Engine) -> dict[str, FromClause]:
+    """Each of snapeval's tables as ``engine``'s database holds it (:func:`as_stored`), by name."""
+    inspector = inspect(engine)
+    present = {
+        name: {column["name"] for column in inspector.get_columns(name)}
+        for name in inspector.get_table_names()
+        if name in metadata.tables
+    }
+    split = "tensor_parallel" in present.get(runs.name, set())
+    return {table.name: as_stored(table, present.get(table.name), split) for table in metadata.sorted_tables}
+
+
+def as_stored(table: Table, columns: set[str] | None, tensor_parallel: bool) -> FromClause:
     """``table`` where a database holds only ``columns`` of it (None: not the table): the table itself
-    when it has them all, else its columns with the missing ones NULL, or no rows."""
+    when it has them all, else its columns with the missing ones NULL (or as :func:`stored_before` derives
+    them; ``tensor_parallel`` as there), or no rows."""
     if columns is not None and columns >= set(table.columns.keys()):
         return table
+    derived = stored_before(table, columns, tensor_parallel) if columns else {}
     values = [
-        table.c[column.name] if columns and column.name in columns else type_coerce(null(), column.type)
+        derived[column.name]
+        if column.name in derived
+        else table.c[column.name]
+        if columns and column.name in columns
+        else type_coerce(null(), column.type)
         for column in table.columns
     ]
     query = select(*(value.label(column.name) for value, column in zip(values, table.columns, strict=True)))

@@ -59,7 +59,8 @@ def summarize(df: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.DataFra
 
 def summary_of(samples: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """The one summary of stored samples that every table shows (the run's, the sweep's, the CLI's):
-    accuracy with its 95% interval (:func:`snapeval.stats.mean_ci`), n, mean KV MiB and prefill
+    accuracy with its 95% interval (:func:`snapeval.stats.mean_ci`), n, mean KV MiB (``kv_bytes``: the
+    whole row's, over every rank, so samples stored at different TP degrees average alike) and prefill
     seconds, decode tokens/s (generated tokens over decode time), the traces' length and truncation
     (:func:`trace_summary`), and pass@k where the draws allow (:func:`snapeval.stats.pass_at`)."""
     scored = [s for s in samples if _present(s.get("score"))]

@@ -11,7 +11,7 @@ sample when that is being computed too: its fidelity needs it).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -20,6 +20,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from snapeval.cache import install
+from snapeval.cli.world import writing_rank
 from snapeval.configs.cache import FULL
 from snapeval.configs.grid import shares_prefill
 from snapeval.configs.setting import CacheSetting
@@ -27,7 +28,6 @@ from snapeval.decode.batch_rows import usable_rows
 from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
 from snapeval.decode.stops import stop_ids
 from snapeval.models import ModelSpec, attach_drafts, load_model, load_tokenizer
-from snapeval.models.parallel import is_writer
 from snapeval.results import ResultsDB, config_hash
 from snapeval.run.records import answer_text, sample_row
 from snapeval.run.requests import RequestBuilder, sample_seed, sampling
@@ -90,7 +90,7 @@ class Evaluation:
         db: ResultsDB,
     ) -> None:
         self.cfg, self.task, self.points, self.db = cfg, task, points, db
-        self.writes = is_writer()  # under torchrun rank 0 alone scores (a sandbox run, once) and stores
+        self.writes = writing_rank()  # under torchrun rank 0 alone scores (a sandbox run, once) and stores
         self.tokenizer, self.model = tokenizer, model = loaded.tokenizer, loaded.model
         attach_drafts(model, tokenizer, [point.config["cache"] for point in points])
         eos = stop_ids(tokenizer, model.generation_config)
@@ -106,8 +106,11 @@ class Evaluation:
             disable=not cfg["run"]["progress"] or not self.writes,  # one bar: rank 0's under torchrun
         )
 
-    def run(self, prompts: list[Prompt], lease_s: float) -> None:
-        """Generate, score and store every missing (prompt, point), group by group."""
+    def run(
+        self, prompts: list[Prompt], lease_s: float, between_steps: Callable[[], None] | None = None
+    ) -> None:
+        """Generate, score and store every missing (prompt, point), group by group; ``between_steps``
+        before each decode step (:meth:`snapeval.run.signals.Stops.check`)."""
         groups = [self.points] if shares_prefill(self.cfg) else [[point] for point in self.points]
         most = max(sum(prompt.id in point.todo for prompt in prompts for point in group) for group in groups)
         run = self.cfg["run"]
@@ -117,10 +120,15 @@ class Evaluation:
         )
         with self.progress:  # closed before an error is reported, so its line comes last
             for group in groups:
-                self.run_group(batcher, group, prompts, lease_s)
+                self.run_group(batcher, group, prompts, lease_s, between_steps)
 
     def run_group(
-        self, batcher: ContinuousBatcher, group: list[Point], prompts: list[Prompt], lease_s: float
+        self,
+        batcher: ContinuousBatcher,
+        group: list[Point],
+        prompts: list[Prompt],
+        lease_s: float,
+        between_steps: Callable[[], None] | None,
     ) -> None:
         """The group's requests, claimed as rows free, until none is left or live workers hold the rest."""
         task = self.task
@@ -134,7 +142,7 @@ class Evaluation:
             batcher.reserve(queued)  # for all of them: claiming as it goes never resizes the compiled step
         while queued:
             feed = ClaimingFeed(self.db, queued, batcher.rows, lease_s)
-            batcher.run([], self.on_answer, more=feed.next)
+            batcher.run([], self.on_answer, more=feed.next, between_steps=between_steps)
             if not feed.claimed_any:
                 return  # the rest is claimed by live workers: theirs to store
             done = self.db.done_by_hash(point.digest for point in group)

@@ -43,6 +43,7 @@ class Inputs:
     config: dict[str, Any]
     task: Task
     settings: tuple[dict[str, Any], ...]  # the configs of its cache settings (a grid's points)
+    samples: int  # prompts x draws: the samples each setting stores
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def check_inputs(config: dict[str, Any]) -> Inputs:
     check_draft_names([setting["cache"] for setting in settings])
     folder = check_model_folder(config["model"])
     check_positions(config, task, rows, trained_positions(config["model"], folder))
-    return Inputs(config, task, settings)
+    return Inputs(config, task, settings, count * config["generation"]["num_samples"])
 
 
 def make_plan(config_or_inputs: dict[str, Any] | Inputs) -> RunPlan:
@@ -105,7 +106,7 @@ def make_plan(config_or_inputs: dict[str, Any] | Inputs) -> RunPlan:
     if not points:
         raise failed[0][1]
     check_drafts([point["cache"] for point in points])
-    check_model(config["model"])
+    check_model(config["model"], config["run"]["rendezvous_s"])
     return RunPlan(config, inputs.task, tuple(points), tuple(failed))
 
 
@@ -205,18 +206,21 @@ def _utf8_bytes(task: Task, row: Mapping[str, Any]) -> int:
     return sum(len(message["content"].encode()) for message in task.messages(row))
 
 
-def check_model(model: Mapping[str, Any]) -> None:
+def check_model(model: Mapping[str, Any], rendezvous_s: float) -> None:
     """The model's config read (not its weights) with its ``config_overrides`` set and checked
     (:func:`snapeval.models.model_config`), when it has overrides or is a local folder (a GGUF model's
     config takes seconds to convert: its own is not checked here, but under torchrun, where the ranks
     must be able to split the model: :func:`snapeval.models.parallel.check_tensor_parallel`)."""
+    from snapeval.cli.world import launcher_world
     from snapeval.models import ModelSpec, model_config, resolve_pretrained
-    from snapeval.models.parallel import check_tensor_parallel, init_process_group, launcher_world
+    from snapeval.models.parallel import check_tensor_parallel, init_process_group
 
     spec = ModelSpec.from_config(model)
     world = launcher_world()
     if world.parallel:  # under torchrun: a model the ranks cannot split is refused here, on every rank
-        init_process_group(world)  # so that each rank's one line is printed before any rank ends
+        init_process_group(
+            world, rendezvous_s
+        )  # so that each rank's one line is printed before any rank ends
         check_tensor_parallel(model_config(spec), world.size)
     elif spec.config_overrides or (Path(resolve_pretrained(spec.pretrained)) / "config.json").is_file():
         model_config(spec)

@@ -61,7 +61,8 @@ def sample_row(
     device: torch.device,
 ) -> dict[str, Any]:
     """The stored row of a prompt whose last call ended: its final output scored, its calls' seconds
-    and token counts added up, its KV bytes the largest of its calls'; ``prompt_tokens``, the kept
+    and token counts added up, its KV bytes the largest of its calls' (the whole row's, over every rank,
+    and one rank's share: :class:`~snapeval.decode.continuous.Answer`); ``prompt_tokens``, the kept
     histogram and the trace describe the first (long-context) call. ``reference``: the full cache's
     output of the same sample, when known. ``extra.deviations``: the README "Protocols" deviations of the
     task's scoring (Qwen2.5-Math's grader's, LiveCodeBench's JSON comparison), under any preset or none."""
@@ -92,6 +93,7 @@ def sample_row(
         "generated_tokens": sum(len(c.tokens) for c in calls),
         "peak_memory_bytes": peak_memory_bytes(device),
         "kv_bytes": max(c.kv_bytes for c in calls),
+        "kv_bytes_per_rank": max(c.kv_bytes_per_rank for c in calls),
         "extra": extra,
     }
 
@@ -104,4 +106,5 @@ def _call_record(made: Answer) -> dict[str, Any]:
         "prefill_s": made.prefill_s,
         "decode_s": made.decode_s,
         "kv_bytes": made.kv_bytes,
+        "kv_bytes_per_rank": made.kv_bytes_per_rank,
     }

@@ -19,17 +19,19 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
+from snapeval.cli.world import launcher_world
 from snapeval.configs.setting import CacheSetting
 from snapeval.errors import SnapevalError
 from snapeval.models import ModelSpec, check_chat
-from snapeval.models.parallel import init_process_group, launcher_world
+from snapeval.models.parallel import init_process_group
 from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_config, summary_of
 from snapeval.results.connect import write_error
 from snapeval.results.leases import Lease
 from snapeval.results.mirror import open_results
 from snapeval.run.evaluation import Evaluation, Loaded, Point
 from snapeval.run.plan import RunPlan, make_plan
-from snapeval.run.workers import shard, terminate_as_interrupt
+from snapeval.run.signals import stop_on_signals
+from snapeval.run.workers import shard
 from snapeval.tasks import Prompt
 
 
@@ -95,7 +97,9 @@ def results_db(cfg: Mapping[str, Any]) -> ResultsDB:
     ranks (:mod:`snapeval.results.mirror`), its runs recording the ranks the model is split across."""
     world = launcher_world()
     if world.parallel:
-        init_process_group(world)  # the database's answers travel over it, before the model loads
+        init_process_group(
+            world, cfg["run"]["rendezvous_s"]
+        )  # the database's answers travel over it, before the model loads
     return open_results(cfg["run"]["db"], world.size, world.rank)
 
 
@@ -109,14 +113,16 @@ def _execute(plan: RunPlan, db: ResultsDB, loaded: Loaded) -> list[RunSummary]:
     prompts = draws(task.prompts(tokenizer), cfg["generation"]["num_samples"])
     prompts = shard(prompts, cfg["run"]["shard"])
     lease_s = cfg["run"].get("lease_s", DEFAULT_LEASE_S)
-    with terminate_as_interrupt():  # from the runs' start: SIGTERM closes every one of them
+    tensor_parallel = launcher_world().parallel
+    with stop_on_signals(tensor_parallel) as stops:  # from the runs' start: SIGTERM closes every one
         run_ids: list[int] = []
         try:
             points = _start_points(db, list(plan.points), prompts, lease_s)
             run_ids += [point.run_id for point in points]
             with Lease(lambda: db.renew(run_ids, lease_s), lease_s):
                 if any(point.todo for point in points):
-                    Evaluation(cfg, loaded, task, points, db).run(prompts, lease_s)
+                    between_steps = stops.check if tensor_parallel else None
+                    Evaluation(cfg, loaded, task, points, db).run(prompts, lease_s, between_steps)
             db.finish_runs(run_ids, "finished")
         except KeyboardInterrupt:
             _close(db, run_ids, "interrupted")

@@ -18,6 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from snapeval.cli import EXIT_BAD_INPUT, report
+from snapeval.cli.world import writing_rank
 from snapeval.errors import SnapevalError
 from snapeval.results import ResultsDB, summary_of
 from snapeval.results.options import open_existing
@@ -37,7 +38,7 @@ class SweepSummary(Callback):
         self.total = count_points(config)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.hydra.mode != RunMode.MULTIRUN:
+        if config.hydra.mode != RunMode.MULTIRUN or not writing_rank():
             return
         self.points += 1
         overrides = " ".join(config.hydra.overrides.task)
@@ -48,6 +49,8 @@ class SweepSummary(Callback):
         """Print the table of the sweep's points; end the command with exit code 2 when no evaluation point
         finished (every one failed, or none could store a run): the errors are above."""
         evaluates = config.get("job") == "evaluate"
+        if not writing_rank():  # rank 0 alone reads the database and prints the table
+            return
         try:
             with open_existing(config.run.db, field="run.db") as db:
                 table = sweep_table(db, self.started)

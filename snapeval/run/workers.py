@@ -1,6 +1,6 @@
 """How one worker shares its work with others: a deterministic shard of the samples (``run.shard``),
 claims on samples in the results database as it goes (workers started on one point split it, and a dead
-worker's claims return after ``run.lease_s``), and SIGTERM ending a run as interrupted, not as running.
+worker's claims return after ``run.lease_s``).
 
 A grid of more than :data:`SETTINGS_PER_PREFILL` settings is handed to the batcher that many at a time
 per problem (the first time, only as many as it has rows), each group claimed in one transaction: memory
@@ -13,11 +13,8 @@ Requests carry ``tag = (point, prompt, calls)`` (:mod:`snapeval.run.runner`); a 
 from __future__ import annotations
 
 import itertools
-import signal
-import threading
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
 
 from snapeval.decode.continuous import Request
 from snapeval.results import ResultsDB
@@ -36,32 +33,6 @@ def shard(prompts: list[Prompt], spec: str | None) -> list[Prompt]:
         return prompts
     index, count = map(int, spec.split("/"))
     return prompts[len(prompts) * index // count : len(prompts) * (index + 1) // count]
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, a scheduler's preemption or time limit): the run stops as if interrupted."""
-
-
-@contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into :class:`Terminated` while the block runs (main thread only; others cannot);
-    a SIGTERM after the first is ignored, so that closing the runs is not cut short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal received
-        if not received:
-            received = True
-            raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class ClaimingFeed:

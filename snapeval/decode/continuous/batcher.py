@@ -95,18 +95,20 @@ class ContinuousBatcher:
         requests: Iterable[Request],
         on_answer: Callable[[Answer], Iterable[Request] | None],
         more: Callable[[], Iterable[Request]] | None = None,
+        between_steps: Callable[[], None] | None = None,
     ) -> None:
         """Answer every request; ``on_answer`` gets each answer as soon as its row stops and may return
         follow-up requests (a second pass), which are answered next. ``more``, when given, is asked for
         further requests whenever the queue runs dry and a row is free (the runner claims samples from
-        the database as it goes), until it returns none."""
+        the database as it goes), until it returns none. ``between_steps``, when given, is called before
+        every decode step (where tensor-parallel ranks stand in step: the runner stops them there)."""
         queue = deque(requests)
         if not queue and more is not None:
             queue.extend(more())
         if not queue:
             return
         self.reserve(queue)
-        _Run(self, queue, on_answer, more).loop()
+        _Run(self, queue, on_answer, more).loop(between_steps)
 
     def reserve(self, requests: Iterable[Request]) -> None:
         """Allocate the rows for ``requests``, in classes sized for what they hold
@@ -151,8 +153,9 @@ class _Run:
         self.rows: list[Row | None] = [None] * batcher.rows
         self.live: dict[tuple, Prefill] = {}  # prompts with requests still to admit
 
-    def loop(self) -> None:
-        """Admit, then decode one step, until no row decodes and no request waits."""
+    def loop(self, between_steps: Callable[[], None] | None) -> None:
+        """Admit, then decode one step, until no row decodes and no request waits; ``between_steps``
+        before each step."""
         while True:
             self.admit()
             active = [index for index, row in enumerate(self.rows) if row is not None]
@@ -160,6 +163,8 @@ class _Run:
                 if self.pending():
                     continue
                 break
+            if between_steps is not None:
+                between_steps()
             self.decode(active)
 
     def admit(self) -> None:
@@ -224,7 +229,9 @@ class _Run:
         """Free row ``index``, hand its answer on, and queue first the follow-ups it brings."""
         row = self.rows[index]
         self.rows[index] = None
-        answer = across_ranks(answer_of(self.batcher.slots, index, row, stopped), self.batcher.model)
+        slots = self.batcher.slots
+        answer = answer_of(slots, index, row, stopped)
+        answer = across_ranks(answer, self.batcher.model, slots.parts[0].shapes.kv_heads)
         self.enqueue(list(self.on_answer(answer) or []), first=True)
 
     def pending(self) -> bool:

@@ -8,7 +8,7 @@ import torch
 
 from snapeval.cache import SnapevalCache
 from snapeval.cache.eviction import Eviction
-from snapeval.cache.tensor_parallel import mean_over_ranks, tp_degree
+from snapeval.cache.tensor_parallel import mean_over_ranks, tp_degree, whole_kv_bytes
 from snapeval.decode.continuous.classes import RowClasses
 from snapeval.decode.continuous.prefills import Prefill
 from snapeval.decode.continuous.work import Answer, Request
@@ -115,10 +115,16 @@ def load_row(slots: RowClasses, index: int, request: Request, prefill: Prefill, 
     )
 
 
-def across_ranks(answer: Answer, model: torch.nn.Module) -> Answer:
-    """``answer`` as the model on one device gives it: under tensor parallel a rank's kept histogram is
-    over its own KV heads, so it is averaged over the ranks (every rank holds as many)."""
-    if answer.kept_histogram is None or tp_degree(model) == 1:
+def across_ranks(answer: Answer, model: torch.nn.Module, heads_here: int) -> Answer:
+    """``answer`` as the model on one device gives it: under tensor parallel a rank holds its own
+    ``heads_here`` KV heads, so its ``kv_bytes`` become the whole row's (:func:`whole_kv_bytes`; the rank's
+    share is kept as ``kv_bytes_per_rank``) and its kept histogram, over those heads, is averaged over the
+    ranks (every rank holds as many)."""
+    if tp_degree(model) == 1:
+        return answer
+    whole = whole_kv_bytes(answer.kv_bytes, heads_here, model)
+    answer = replace(answer, kv_bytes=whole, kv_bytes_per_rank=answer.kv_bytes)
+    if answer.kept_histogram is None:
         return answer
     counts = torch.tensor(answer.kept_histogram["counts"], dtype=torch.float64, device=model.device)
     averaged = mean_over_ranks(counts, model).tolist()

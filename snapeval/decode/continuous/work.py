@@ -72,7 +72,7 @@ class Answer:
     stopped: str  # eos | length | stop
     prefill_s: float
     decode_s: float
-    kv_bytes: int  # the row's own slots (a growing method: those it filled)
+    kv_bytes: int  # the row's own slots (a growing method: those it filled), over every rank under TP
     ring_wraps: int  # times the row's ring came round to its first slot while decoding
     kept_histogram: dict[str, list[float]] | None  # compressed methods: share of the prompt held per bin
     kept_share: float | None = None  # compressed methods: share of the prompt held
@@ -81,3 +81,8 @@ class Answer:
         None  # compressed methods: share of the tokens fed while decoding held
     )
     row: int | None = None  # the batch row it decoded in
+    kv_bytes_per_rank: int | None = None  # the share of kv_bytes one rank held (None: kv_bytes, one device)
+
+    def __post_init__(self) -> None:
+        if self.kv_bytes_per_rank is None:
+            self.kv_bytes_per_rank = self.kv_bytes

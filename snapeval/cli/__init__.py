@@ -5,9 +5,9 @@
   wraps a ``main``, :func:`report` prints one error.
 - A reader of standard output that stops early (``| head``) ends a command quietly (:func:`stdout_closed`),
   with the exit code of a process that SIGPIPE ended, as Unix tools end.
-- ``--db`` (:func:`add_db_option`): the results database, a path or SQLAlchemy URL, else
-  ``$SNAPEVAL_DB``, else ``results/snapeval.sqlite``. The commands that read it open it with
-  :func:`open_existing`, which never creates a database, nor changes a file that is not one.
+- Ctrl-C while something heavy loads still ends a command as interrupted (:func:`keep_interrupts`).
+- :mod:`snapeval.cli.world`: the launcher's world (torchrun's ranks) and who of them writes;
+  :mod:`snapeval.cli.launch`: ``snapeval run --nproc N``, which starts the ranks itself.
 
 Standard library only at import: the front door refuses bad input before anything heavy loads.
 """
@@ -33,13 +33,6 @@ P = ParamSpec("P")
 def error_line(error: BaseException) -> str:
     """``error: <field>: <what>``, on one line whatever the message holds."""
     return "error: " + " ".join(line.strip() for line in str(error).splitlines())
-
-
-def writing_rank() -> bool:
-    """Whether this process writes databases, files and tables: a plain process, or rank 0 of a torchrun
-    launch (its other ranks compute alongside it and write nothing); read from torchrun's ``RANK``, with no
-    torch."""
-    return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
 def report(error: SnapevalError) -> int:
