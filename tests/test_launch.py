@@ -266,5 +266,5 @@ def test_a_sweep_on_ranks_prints_and_records_once(tiny_llama_overrides, tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("Launching 2 jobs locally") == 1 and done.stdout.count("[sweep] point 1/2") == 1
     assert done.stdout.count("[sweep] 2 points, 0 failed") == 1
-    assert sorted(path.name for path in sweep.iterdir()) == ["0", "1"]
+    assert sorted(path.name for path in sweep.iterdir()) == ["0", "1", "multirun.yaml"]
     assert not (tmp_path / "results").exists()  # no other rank's folder beside it
