@@ -27,6 +27,7 @@ from snapeval.cli import EXIT_BAD_INPUT, error_line, keep_interrupts, report
 from snapeval.cli.launch import launch, split_nproc
 from snapeval.cli.world import writing_rank
 from snapeval.configs import legacy
+from snapeval.configs.backend import quote_arguments
 from snapeval.configs.check import check, check_choices
 from snapeval.configs.compose import compose_job, plain
 from snapeval.errors import SnapevalError
@@ -168,6 +169,7 @@ if __name__ == "__main__":
         except SnapevalError as exc:
             sys.exit(report(exc))
         sys.argv[1:] = legacy.rewrite(sys.argv[1:])  # old spellings (task.limit=2), each with a note
+        sys.argv[1:] = quote_arguments(sys.argv[1:])  # model.backend_args=k=v,k=v as lm-eval writes it
         try:
             with keep_interrupts():
                 checked = check_before_hydra(sys.argv[1:])

@@ -151,7 +151,7 @@ FLOORS: tuple[frozenset[str], ...] = tuple(
         "cache results",
         "figures memory models",
         "decode",
-        "tasks",
+        "tasks backends",
         "run",
         "commands",
         "__main__ report",

@@ -21,6 +21,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
+from snapeval.configs.backend import quote_arguments
 from snapeval.configs.fields import model_entry, takes
 from snapeval.configs.protocols import check_task_choice
 from snapeval.configs.root import Config
@@ -53,6 +54,7 @@ def default_option(group: str) -> str:
 def compose_job(*overrides: str) -> tuple[dict[str, Any], bool]:
     """:func:`compose_config`, and whether the composed config is a sweep (an experiment that sets Hydra's
     ``mode: MULTIRUN``), from one composition."""
+    overrides = tuple(quote_arguments(overrides))
     check_task_choice(overrides)
     register()
     try:

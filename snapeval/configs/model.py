@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from snapeval.configs.backend import backend_args_check, backend_check
 from snapeval.configs.fields import (
     PROMPT_STYLES,
     Checked,
@@ -62,4 +63,17 @@ class ModelConfig(Checked):
         check=overrides_mapping,
         when_set=True,
         help="attributes set on the model's Hugging Face config (YaRN rope_parameters)",
+    )
+    backend: str | None = setting(
+        None,
+        check=backend_check,
+        when_set=True,
+        help="who answers: null (snapeval's engine) or lm_eval:<model> (a deployed engine)",
+    )
+    backend_args: str | None = setting(
+        None,
+        check=backend_args_check,
+        hashed=False,
+        when_set=True,
+        help="the lm-eval model's arguments, k=v,k=v (base_url=...,model=...); no secrets",
     )

@@ -19,7 +19,10 @@ SIDECARS = ("-wal", "-shm", "-journal")
 def new_sqlite_file(url_or_path: str) -> Path | None:
     """The SQLite file that opening ``url_or_path`` would create: None where it exists or is no file."""
     path = sqlite_path(database_url(url_or_path))
-    return path if path is not None and not path.exists() else None
+    try:
+        return path if path is not None and not path.exists() else None
+    except OSError:  # a name too long, say: opening it is refused in its own words
+        return None
 
 
 def remove_unused(path: Path | None) -> None:

