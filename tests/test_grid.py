@@ -185,13 +185,14 @@ def test_every_grid_point_is_stored_as_that_point_run_alone(composed, tmp_path, 
     monkeypatch.setattr(prefills, "prefill_logits", lambda *a: calls.append(a[2]) or real(*a))
     real_run = ContinuousBatcher.run
 
-    def full_answers_last(self, requests, on_answer, more=None):
+    def full_answers_last(self, requests, on_answer, more=None, between_steps=None):
         held = []
         real_run(
             self,
             requests,
             lambda a: held.append(a) if a.request.cache.is_full else on_answer(a),
             more,
+            between_steps,
         )
         for answer in held:
             assert not on_answer(answer)  # a one-pass task: no follow-up requests

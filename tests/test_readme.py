@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from snapeval.configs.backend import ARGUMENTS_KEY
 from snapeval.paths import CONF_DIR
 from tests.families import FAMILIES
 
@@ -74,6 +75,8 @@ def configured(config: dict, override: str) -> bool:
         if not isinstance(config, dict) or part not in config:
             return False
         config = config[part]
+    if key == ARGUMENTS_KEY:  # lm-eval's k=v,k=v: one value, never a multirun list
+        return config == value
     return any(str(config) == choice or config == yaml.safe_load(choice) for choice in value.split(","))
 
 

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from snapeval.cli import EXIT_BAD_INPUT, report
 from snapeval.cli.world import writing_rank
+from snapeval.configs.backend import quote_arguments
 from snapeval.errors import SnapevalError
 from snapeval.results import ResultsDB, summary_of
 from snapeval.results.options import open_existing
@@ -70,7 +71,7 @@ def sweep_points(overrides: list[str]) -> list[list[str]]:
     """Each job's overrides, as Hydra's basic sweeper expands them: for every key its last override wins,
     a sweep (``a,b``, ``range(...)``) gives one value per job, and the jobs are the product over keys."""
     per_key: dict[str, list[str]] = {}
-    for override in OverridesParser.create().parse_overrides(overrides):
+    for override in OverridesParser.create().parse_overrides(quote_arguments(overrides)):
         if override.is_sweep_override():
             key = override.get_key_element()
             per_key[override.key_or_group] = [f"{key}={value}" for value in override.sweep_string_iterator()]
