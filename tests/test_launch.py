@@ -141,6 +141,7 @@ def test_a_signal_under_tensor_parallel_stops_every_rank_at_the_same_check():
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # .ci/run runs it
 def test_a_rank_whose_peers_never_come_says_so_and_gives_up(tiny_llama_overrides, tmp_path):
     """``WORLD_SIZE=2 RANK=1`` by hand: without MASTER_ADDR one line naming it; with it and no peers, a
     note saying whom it waits for and where, then one line after ``run.rendezvous_s``."""

@@ -9,19 +9,27 @@ import dataclasses
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import types
-import typing
 
 import pytest
+import torch
 
 from snapeval.cache import build_cache, method_class, method_classes
 from snapeval.configs.compose import compose_config
 from snapeval.configs.grid import grid_points
-from snapeval.configs.methods import METHODS, method_label, method_table, register_caches
+from snapeval.configs.methods import (
+    METHODS,
+    declared_methods,
+    method_label,
+    method_table,
+    register_caches,
+)
 from snapeval.configs.setting import effective_params
+from snapeval.decode.continuous import ContinuousBatcher, Request
 from snapeval.errors import SnapevalError
 from snapeval.figures import method_color, method_style
 from snapeval.memory import estimate
@@ -117,44 +125,75 @@ def test_a_method_runs_with_its_declared_defaults(method):
     assert engine.decode_slots(5000, 0) == expected
 
 
-@dataclasses.dataclass
-class KeepFirst:
-    """Keeps the first ``budget`` prompt tokens; decode appends."""
-
-    label: typing.ClassVar[str] = "Keep first"
-    method: str = "keep_first"
-    budget: int = 8
-    ratio: float | None = None
+METHODS_PAGE = CONF_DIR.parent / "docs" / "methods.md"
 
 
-def test_a_method_added_as_one_declaration_and_one_engine_is_seen_everywhere(monkeypatch):
-    """A declaration among the built-in ones and an engine module named after it: the ConfigStore, the
-    registry, the engine's name and label, figure labels and styles and the methods table all see it."""
-    from snapeval.cache.base import SnapevalCache
+def recipe_blocks() -> dict[str, str]:
+    """The Python blocks of docs/methods.md's "Adding a method", by the file each names on its first line."""
+    section = METHODS_PAGE.read_text().split("## Adding a method", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"```python\n# (\S+)\n(.*?)```", section, flags=re.DOTALL))
 
-    monkeypatch.setitem(METHODS, "keep_first", KeepFirst)
-    engine_module = types.ModuleType("snapeval.cache.keep_first")
-    engine = type(
-        "KeepFirstCache", (SnapevalCache,), {"params_class": KeepFirst, "__doc__": "Keeps the first."}
-    )
-    engine_module.KeepFirstCache = engine
-    monkeypatch.setitem(sys.modules, "snapeval.cache.keep_first", engine_module)
-    assert (engine.method, engine.label) == ("keep_first", "Keep first")
-    assert method_classes()["keep_first"] is engine is method_class("keep_first")
+
+@pytest.fixture
+def recipe(monkeypatch: pytest.MonkeyPatch) -> type:
+    """The page's method added as the page says: its declaration run inside snapeval/configs/cache.py, its
+    engine as the module snapeval/cache/first_tokens.py; the engine class."""
+    from snapeval.configs import cache as declarations
+    from snapeval.configs import setting
+
+    blocks = recipe_blocks()
+    assert list(blocks) == ["snapeval/configs/cache.py", "snapeval/cache/first_tokens.py"]
+    inside = dict(vars(declarations))
+    exec(compile(blocks["snapeval/configs/cache.py"], str(METHODS_PAGE), "exec"), inside)
+    monkeypatch.setattr(declarations, "FirstTokens", inside["FirstTokens"], raising=False)
+    assert declared_methods().keys() - METHODS.keys() == {"first_tokens"}  # found there, not listed
+    monkeypatch.setitem(METHODS, "first_tokens", declarations.FirstTokens)
+    monkeypatch.setattr(setting, "_MADE", {})
+    engine_module = types.ModuleType("snapeval.cache.first_tokens")
+    monkeypatch.setitem(sys.modules, engine_module.__name__, engine_module)
+    exec(compile(blocks["snapeval/cache/first_tokens.py"], str(METHODS_PAGE), "exec"), vars(engine_module))
+    return engine_module.FirstTokensCache
+
+
+def test_a_method_added_as_one_declaration_and_one_engine_is_seen_everywhere(recipe):
+    """The recipe of docs/methods.md: the ConfigStore, the registry, the engine's name and label, figure
+    labels and styles and the methods table all see it, and its checks refuse a bad budget."""
+    assert (recipe.method, recipe.label) == ("first_tokens", "First tokens")
+    assert method_classes()["first_tokens"] is recipe is method_class("first_tokens")
     stored = {}
     register_caches(types.SimpleNamespace(store=lambda group, name, node: stored.__setitem__(name, node)))
-    assert stored["keep_first"] is KeepFirst
-    assert method_label("keep_first") == "Keep first"
+    assert stored["first_tokens"] is recipe.params_class
+    assert method_label("first_tokens") == "First tokens"
     styles = [tuple(method_style(name).items()) for name in METHODS if name != "full"]
     assert len(set(styles)) == len(styles)  # its own colour, marker and dashes
-    summary = "Keeps the first `budget` prompt tokens; decode appends."
-    row = f"| `keep_first` | Keep first | {summary} | - | `budget` 8 | - |"
+    summary = "First tokens: keeps the first `budget` prompt tokens of every layer; decode appends."
+    row = f"| `first_tokens` | First tokens | {summary} | grows after prefill | `budget` 8 | an example |"
     assert row in method_table().splitlines()
-    assert effective_params({"method": "keep_first", "budget": 3}) == {
-        "method": "keep_first",
+    assert effective_params({"method": "first_tokens", "budget": 3, "ratio": 0.5}) == {
+        "method": "first_tokens",
         "budget": 3,
-        "ratio": None,
     }
+    with pytest.raises(SnapevalError, match=r"^cache\.budget: must be an integer >= 1, got 0$"):
+        build_cache({"method": "first_tokens", "budget": 0})
+
+
+def test_the_docs_method_runs_on_a_model(recipe, tiny_llama):
+    """The recipe's engine on a tiny random-weight Llama: a prefill keeps the first ``budget`` tokens of
+    every layer and KV head, and the batcher answers with it in a row of ``budget`` + answer slots."""
+    prompt = tuple(range(1, 41))
+    cache = build_cache({"method": "first_tokens", "budget": 8})
+    with torch.inference_mode():
+        tiny_llama(torch.tensor([prompt]), past_key_values=cache)
+    for layer in range(tiny_llama.config.num_hidden_layers):
+        assert cache.kept_positions(layer).tolist() == [
+            [list(range(8))] * tiny_llama.config.num_key_value_heads
+        ]
+    answers = []
+    request = Request(prompt, {"method": "first_tokens", "budget": 8}, max_new_tokens=4)
+    ContinuousBatcher(tiny_llama, 1).run([request], answers.append)
+    [answer] = answers
+    assert len(answer.tokens) == 4 and request.slots_needed == 8 + 4
+    assert answer.kept_share == pytest.approx(8 / 40)
 
 
 def test_a_grid_point_is_stored_as_that_point_run_alone():

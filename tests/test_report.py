@@ -30,6 +30,7 @@ from snapeval.report.document import (
     binary_size,
     interval,
 )
+from snapeval.report.experiment import TOO_SMALL, TOO_SMALL_NOTE
 from snapeval.results import ResultsDB, database_url, identity
 from snapeval.stats import mean_ci, retention
 
@@ -166,10 +167,7 @@ def decision_row(document, method: str, settings: str) -> tuple:
     return next(r for r in decisions.rows if r[3] == method and r[2] == settings)
 
 
-TOO_FEW_099 = (
-    "undecided: n = 100 cannot show 0.99 retention (needs >= 299 samples the full cache gets right, with no "
-    "loss; has 98)"
-)
+TOO_FEW_099 = "n too small: 98 of 299"  # SnapStream 512 keeps the 98 the full cache gets right
 
 
 def test_the_smallest_budget_shown_to_keep_each_target_or_why_none(document):
@@ -216,11 +214,38 @@ def test_the_decision_descends_from_the_largest_budget_and_says_when_n_is_too_sm
         "SnapKV 256": Mark("too few (needs 59)", "muted"),
     }
     assert decision_row(document, "SnapStream", "-")[5] == Mark("512 (retention 1.000)", "pass")
-    assert decision_row(document, "SnapKV", "-")[5] == Mark(
-        "undecided: n = 10 cannot show 0.95 retention (needs >= 59 samples the full cache gets right, with "
-        "no loss; has 10)",
-        "muted",
-    )
+    assert decision_row(document, "SnapKV", "-")[5] == Mark("n too small: 10 of 59", "muted")
+
+
+def decision_tables(blocks: list) -> list[tuple[Table, object]]:
+    """Every decision table among ``blocks`` (the overview's, each experiment's) and the block after it."""
+    blocks = [*blocks, None]
+    return [
+        (block, blocks[i + 1])
+        for i, block in enumerate(blocks[:-1])
+        if isinstance(block, Table) and block.header[-1].startswith("Retention ")
+    ]
+
+
+def test_a_decision_table_says_why_n_is_too_small_once_in_a_footnote(document, db_url, tmp_path):
+    """A too-small cell is short (``n too small: k of m``); the table says what it means once, in the note
+    under it, and a table without such a cell has no such note. The Markdown report says it as often."""
+    tables_ = decision_tables(list(document.blocks))
+    small = [table for table, _ in tables_ if any(TOO_SMALL in text(c) for row in table.rows for c in row)]
+    assert len(tables_) > len(small) >= 2  # the overview, Llama 1024 tokens, ...; not Llama 2048 tokens
+    for table, after in tables_:
+        cells = [text(cell) for row in table.rows for cell in row]
+        assert not any("cannot show" in cell or "needs >=" in cell for cell in cells)
+        assert (after == Paragraph(TOO_SMALL_NOTE, note=True)) is (table in small)
+    assert sum(isinstance(b, Paragraph) and b.text == TOO_SMALL_NOTE for b in document.blocks) == len(small)
+    out = tmp_path / "report.md"
+    assert main(["--db", db_url, "--out", str(out), "--markdown"]) == 0
+    assert out.read_text(encoding="utf-8").count(TOO_SMALL_NOTE[:40]) == len(small)
+    with ResultsDB(db_url) as db:
+        decided = build_report(db, (0.7,), figures=False)
+    [(table, after)] = decision_tables(section(decided, LLAMA_1024))  # decided at 0.7: no footnote
+    assert [text(row[2]).split(" (")[0] for row in table.rows] == ["256", "128"]  # SnapKV, SnapStream
+    assert not (isinstance(after, Paragraph) and TOO_SMALL in after.text)
 
 
 def test_flipped_samples_lost_first_with_their_kept_histogram(document):

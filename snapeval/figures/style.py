@@ -1,9 +1,11 @@
-"""How figures look: paper rc settings, one colour, marker and dash pattern per method, and labels."""
+"""How figures look: paper rc settings, one colour, marker and dash pattern per method (the report's
+charts draw with the same), and labels."""
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TypeVar
 
 import numpy as np
@@ -38,10 +40,39 @@ PAPER_RC: dict[str, object] = {
     "ps.fonttype": 42,
 }
 
-#: Okabe-Ito colours, distinguishable with colour-blindness, then Tol's wine and a grey: one per method of
-#: the declared methods, in their order, and some left for methods outside them.
-PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#882255", "#999999")
-#: A marker and a dash pattern per method, in the declarations' order like the colours: two methods whose
+#: Okabe and Ito's palette ("Color Universal Design", 2008): eight colours told apart with any common
+#: colour-vision deficiency.
+OKABE_ITO: Mapping[str, str] = MappingProxyType(
+    {
+        "black": "#000000",
+        "orange": "#E69F00",
+        "sky blue": "#56B4E9",
+        "bluish green": "#009E73",
+        "yellow": "#F0E442",
+        "blue": "#0072B2",
+        "vermillion": "#D55E00",
+        "reddish purple": "#CC79A7",
+    }
+)
+#: Each built-in method's colour in every figure and report, one of Okabe-Ito's each: the full cache (the
+#: reference) black, the methods most often drawn together (SnapStream, StreamingLLM, SnapKV) the most
+#: apart, and the faint yellow for the optional kvpress.
+METHOD_COLORS: Mapping[str, str] = MappingProxyType(
+    {
+        FULL: OKABE_ITO["black"],
+        "snapstream": OKABE_ITO["blue"],
+        "streaming_llm": OKABE_ITO["vermillion"],
+        "snapkv": OKABE_ITO["bluish green"],
+        "sage_kv": OKABE_ITO["reddish purple"],
+        "rkv": OKABE_ITO["orange"],
+        "speculative_prefill": OKABE_ITO["sky blue"],
+        "kvpress": OKABE_ITO["yellow"],
+    }
+)
+#: The colours of a method without one in :data:`METHOD_COLORS` (picked from its name): Paul Tol's wine and
+#: a grey, apart from every method's.
+SPARE_COLORS = ("#882255", "#999999")
+#: A marker and a dash pattern per method, in the declarations' order: two methods whose
 #: points coincide still show both (a marker inside the other, a line through the other's gaps).
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
 DASHES = (
@@ -55,7 +86,7 @@ DASHES = (
     (0, (4, 1, 1, 1, 1, 1)),
     (0, (1, 2)),
 )
-FULL_CACHE = {"color": "#000000", "marker": "o", "linestyle": "--"}
+FULL_CACHE = {"color": METHOD_COLORS[FULL], "marker": "o", "linestyle": "--"}
 #: Opacity of a confidence band.
 CI_ALPHA = 0.18
 
@@ -63,18 +94,18 @@ T = TypeVar("T")
 
 
 def method_color(method: str) -> str:
-    """A fixed colour per method, the same in every figure: black for the full cache, then the palette in
-    the declarations' order (a method outside it: one of the colours left, picked from its name)."""
-    return method_style(method)["color"]
+    """``method``'s colour, the same in every figure and report: its :data:`METHOD_COLORS` entry, else
+    one of :data:`SPARE_COLORS`, picked from its name."""
+    return METHOD_COLORS.get(method) or SPARE_COLORS[zlib.crc32(method.encode()) % len(SPARE_COLORS)]
 
 
 def method_style(method: str) -> dict[str, object]:
-    """``color``, ``marker`` and ``linestyle`` of ``method``, the same in every figure; no two methods of
-    the declarations share any of the three."""
+    """``color``, ``marker`` and ``linestyle`` of ``method``, the same in every figure and report; no two
+    methods of the declarations share any of the three."""
     if method == FULL:
         return dict(FULL_CACHE)
     return {
-        "color": _pick(PALETTE, method),
+        "color": method_color(method),
         "marker": _pick(MARKERS, method),
         "linestyle": _pick(DASHES, method),
     }

@@ -24,7 +24,7 @@ from snapeval.report.document import (
     interval,
     number,
 )
-from snapeval.report.experiment import Analysis, analyse, decision_cell, experiment_blocks
+from snapeval.report.experiment import Analysis, analyse, decision_cell, decision_notes, experiment_blocks
 from snapeval.results import ResultsDB
 from snapeval.results.identity import git_sha
 
@@ -75,7 +75,7 @@ def _header(db: ResultsDB, targets: tuple[float, ...], figures: bool) -> list[Bl
             "95% bounds (exact for 0/1 scores). A budget keeps a retention target t when the lower bound "
             "reaches t (the gate's rule); the smallest budget named keeps t with every larger one, "
             "tested from the largest down (at most 5% of such names are wrong). Too few samples to show t "
-            "are said as such. "
+            "are said as such (n too small, explained under each table). "
             f"Targets: {', '.join(f'{t:g}' for t in targets)}."
         ),
     ]
@@ -110,6 +110,7 @@ def _decisions(analyses: list[Analysis], targets: tuple[float, ...]) -> list[Blo
     return [
         Heading(2, "Decision: the smallest budget shown to keep each retention target", "decision"),
         Table(header, tuple(rows)),
+        *decision_notes(rows),
     ]
 
 

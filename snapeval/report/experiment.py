@@ -3,6 +3,7 @@ retention target, memory, traces, the samples that flipped, and provenance."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from snapeval.report.analysis import Comparison, Decision, accuracy_interval, compare, decide
@@ -26,6 +27,12 @@ from snapeval.report.provenance import provenance_blocks
 from snapeval.results.summary import summary_of
 
 NONE_PASSES = "none of the measured budgets"
+TOO_SMALL = "n too small"
+TOO_SMALL_NOTE = (
+    f"{TOO_SMALL}: k of m: undecided. Even with no loss, showing the target with 95% confidence takes m "
+    "samples of evidence (for 0/1 scores, samples the full cache gets right; otherwise paired samples), and "
+    "the largest budget measured has k. More samples decide it."
+)
 
 
 @dataclass(frozen=True)
@@ -49,19 +56,29 @@ def analyse(experiment: Experiment, targets: tuple[float, ...]) -> Analysis:
 
 
 def decision_cell(decision: Decision) -> Cell:
-    """The smallest budget shown to keep the target with its retention, or why none is."""
+    """The smallest budget shown to keep the target with its retention, or why none is (too few samples:
+    ``n too small: k of m``, which :func:`decision_notes` explains once per table)."""
     if not any(comparison.paired for comparison in decision.measured):
         return Mark("no full-cache run of the same samples stored", "muted")
     if decision.passing is None:
         largest = decision.measured[-1]
-        shortfall = largest.bounds.shortfall(decision.target) if largest.bounds else None
-        if shortfall:
-            return Mark(f"undecided: {shortfall}", "muted")
+        bounds = largest.bounds
+        if bounds is not None and bounds.verdict(decision.target) == "too few":
+            return Mark(f"{TOO_SMALL}: {bounds.evidence} of {bounds.needed(decision.target):g}", "muted")
         return Mark(
             f"{NONE_PASSES} (largest {largest.setting.size_label}: {number(largest.retention[0])})", "fail"
         )
     passing = decision.passing
     return Mark(f"{passing.setting.size_label} (retention {number(passing.retention[0])})", "pass")
+
+
+def decision_notes(rows: Iterable[Sequence[Cell]]) -> list[Block]:
+    """The footnote under a decision table of ``rows``: what ``n too small`` means, said once (no
+    footnote where no cell says it)."""
+    cells = (cell for row in rows for cell in row)
+    if any(isinstance(cell, Mark) and cell.text.startswith(f"{TOO_SMALL}:") for cell in cells):
+        return [Paragraph(TOO_SMALL_NOTE, note=True)]
+    return []
 
 
 def experiment_blocks(
@@ -101,7 +118,7 @@ def experiment_blocks(
             note=True,
         ),
         Heading(3, "Smallest budget shown to keep each retention target"),
-        _decision_table(analysis, targets),
+        *_decision_table(analysis, targets),
         *capacity_blocks(experiment, analysis.decisions),
         *_trace_blocks(experiment),
         *_flip_blocks(analysis, flips),
@@ -167,7 +184,8 @@ def _meets(comparison: Comparison, target: float) -> Cell:
     return Mark(*marks.get(verdict, (f"too few (needs {comparison.bounds.needed(target):g})", "muted")))
 
 
-def _decision_table(analysis: Analysis, targets: tuple[float, ...]) -> Table:
+def _decision_table(analysis: Analysis, targets: tuple[float, ...]) -> list[Block]:
+    """The experiment's decision per series and target, and its footnote."""
     by_series: dict[str, list[Decision]] = {}
     for decision in analysis.decisions:
         by_series.setdefault(decision.series.label, []).append(decision)
@@ -175,7 +193,8 @@ def _decision_table(analysis: Analysis, targets: tuple[float, ...]) -> Table:
         (label, ", ".join(s.size_label for s in decisions[0].series.settings), *map(decision_cell, decisions))
         for label, decisions in by_series.items()
     )
-    return Table(("Method", "Budgets measured", *(f"Retention {t:g}" for t in targets)), rows)
+    header = ("Method", "Budgets measured", *(f"Retention {t:g}" for t in targets))
+    return [Table(header, rows), *decision_notes(rows)]
 
 
 def _trace_blocks(experiment: Experiment) -> list[Block]:
