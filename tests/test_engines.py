@@ -74,7 +74,7 @@ def test_a_run_through_an_lm_eval_backend_stores_its_scored_answers(
     cfg = compose_config(
         *tiny_llama_overrides,
         f"model.backend=lm_eval:{ECHO}",
-        "model.backend_args=base_url=http://127.0.0.1:1/v1/completions,model=tiny",
+        "model.backend_args=model=tiny,num_concurrent=2",
         "run.limit=3",
         "task.context_length=512",
         "run.progress=false",
@@ -96,7 +96,7 @@ def test_a_run_through_an_lm_eval_backend_stores_its_scored_answers(
         stored = json.loads(connection.execute("SELECT config FROM runs").fetchone()[0])
     assert [row[:2] for row in rows] == [(1.0, None)] * 3 and all(row[2] > 0 for row in rows)
     assert stored["model"]["backend"] == f"lm_eval:{ECHO}"
-    assert stored["model"]["backend_args"].startswith("base_url=http://127.0.0.1:1/")
+    assert stored["model"]["backend_args"] == "model=tiny,num_concurrent=2"
 
 
 def test_the_backend_is_hashed_its_arguments_stored_and_secrets_refused():
@@ -166,3 +166,48 @@ def test_the_embedded_model_served_by_llama_cpp_answers_through_local_completion
         rows = connection.execute("SELECT output, score, generated_tokens FROM samples").fetchall()
     assert len(rows) == 3 and all(output.strip() for output, _, _ in rows), rows
     assert sum(score for _, score, _ in rows) >= 2, rows  # SmolLM2 finds a 1k passkey (snapeval: 10 of 10)
+
+
+def test_an_unreachable_engine_is_refused_in_one_line_before_torch(torch_refused, tmp_path):
+    port = free_port()  # nothing listens there
+    command = [sys.executable, "-m", "snapeval", "model.backend=lm_eval:local-completions"]
+    command += [f"model.backend_args=base_url=http://127.0.0.1:{port}/v1/completions,model=m"]
+    command += ["run.limit=1", f"run.db={tmp_path / 'u.db'}"]
+    done = subprocess.run(command, capture_output=True, text=True, env=torch_refused, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        f"error: model.backend_args: nothing answers at base_url http://127.0.0.1:{port}/v1/completions "
+        "(Connection refused): start the server, or give its address"
+    ]
+    assert not (tmp_path / "u.db").exists()
+
+
+def test_an_engine_that_fails_mid_run_ends_it_in_one_line_and_closes_it(tiny_llama_overrides, tmp_path):
+    """The client's retries spent (here: it raises at once): a SnapevalError naming the backend, the run
+    closed as failed, never left running."""
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import MODEL_REGISTRY, register_model
+
+    class Broken(LM):
+        def __init__(self, **arguments) -> None:
+            super().__init__()
+
+        def generate_until(self, requests, disable_tqdm=False):
+            raise ConnectionError("HTTPConnectionPool(host='127.0.0.1', port=1): Max retries exceeded")
+
+        loglikelihood = loglikelihood_rolling = generate_until
+
+    if "snapeval-test-broken" not in MODEL_REGISTRY:
+        register_model("snapeval-test-broken")(Broken)
+    db = tmp_path / "broken.db"
+    cfg = compose_config(
+        *tiny_llama_overrides,
+        "model.backend=lm_eval:snapeval-test-broken",
+        "run.limit=2",
+        "task.context_length=512",
+        "run.progress=false",
+        f"run.db={db}",
+    )
+    with pytest.raises(Exception, match=r"^model\.backend: the engine failed to answer \(ConnectionError: "):
+        runner.run(cfg)
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT status FROM runs").fetchall() == [("failed",)]

@@ -7,9 +7,10 @@ so that the runner stores, scores and compares their answers alike.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from snapeval.decode.continuous import Answer, Request
+if TYPE_CHECKING:  # importing the room loads no torch: its checks run before a model loads
+    from snapeval.decode.continuous import Answer, Request
 
 
 class Answerer(Protocol):

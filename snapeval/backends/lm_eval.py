@@ -22,6 +22,7 @@ from snapeval.decode.continuous import Answer, Request
 from snapeval.errors import SnapevalError
 
 FIELD = "model.backend"
+ARGUMENTS = "model.backend_args"
 
 
 def make_client(model: str, arguments: str | None) -> Any:
@@ -34,7 +35,13 @@ def make_client(model: str, arguments: str | None) -> Any:
     except ValueError:
         raise SnapevalError(f"lm-eval has no model {model!r} (e.g. local-completions, vllm)", FIELD) from None
     given = ",".join(f"{key}={value}" for key, value in client_arguments(arguments).items())
-    return client_class.create_from_arg_string(given)  # lm-eval's own reading of --model_args
+    try:
+        return client_class.create_from_arg_string(given)  # lm-eval's own reading of --model_args
+    except Exception as exc:  # an argument the client does not take, or a value it refuses
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise SnapevalError(
+            f"lm-eval's {model} refused its arguments ({reason})", "model.backend_args"
+        ) from None
 
 
 class LmEvalAnswerer:
@@ -76,7 +83,12 @@ class LmEvalAnswerer:
             for index, request in enumerate(batch)
         ]
         started = time.perf_counter()
-        outputs = self.client.generate_until(instances, disable_tqdm=True)
+        try:
+            outputs = self.client.generate_until(instances, disable_tqdm=True)
+        except Exception as exc:  # the client's retries are spent: the server is gone, or refuses
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            failure = f"{type(exc).__name__}: {reason}"
+            raise SnapevalError(f"the engine failed to answer ({failure})", FIELD) from None
         seconds = (time.perf_counter() - started) / max(len(batch), 1)
         return [
             self.answer_of(request, output, seconds) for request, output in zip(batch, outputs, strict=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from snapeval.backends.reach import check_reachable
 from snapeval.configs.check import check
 from snapeval.configs.fields import count_error, is_name, model_configs, model_entry
 from snapeval.configs.grid import grid_points, skipped_options
@@ -87,6 +88,8 @@ def check_inputs(config: dict[str, Any]) -> Inputs:
     check_extras(config)
     settings = tuple(grid_points(config))
     check_draft_names([setting["cache"] for setting in settings])
+    if config["model"].get("backend"):  # a deployed engine answers: its address first
+        check_reachable(config["model"].get("backend_args"))
     folder = check_model_folder(config["model"])
     check_positions(config, task, rows, trained_positions(config["model"], folder))
     return Inputs(config, task, settings, count * config["generation"]["num_samples"])
