@@ -1,7 +1,8 @@
 """One declaration per method: its torch-free dataclass (name, label, parameters: the config group's
-option) and its engine class, everything else derived from the declaration; a method added as one
-declaration and one engine seen everywhere; and a method added as one module outside the package that
-runs end to end without touching any other file."""
+option) and its engine class, everything else derived from the declaration; the method that
+docs/methods.md adds (its code blocks run as the page has them) seen everywhere and running on a model;
+and a method added as one module outside the package that runs end to end without touching any other
+file."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from snapeval.cache import build_cache, method_class, method_classes
+from snapeval.cache.attention import cache_keyword
 from snapeval.configs.compose import compose_config
 from snapeval.configs.grid import grid_points
 from snapeval.configs.methods import (
@@ -159,6 +161,8 @@ def test_a_method_added_as_one_declaration_and_one_engine_is_seen_everywhere(rec
     """The recipe of docs/methods.md: the ConfigStore, the registry, the engine's name and label, figure
     labels and styles and the methods table all see it, and its checks refuse a bad budget."""
     assert (recipe.method, recipe.label) == ("first_tokens", "First tokens")
+    option = dataclasses.asdict(recipe.params_class())
+    assert {"budget", "ratio"} <= set(option)  # a sweep budgets every method
     assert method_classes()["first_tokens"] is recipe is method_class("first_tokens")
     stored = {}
     register_caches(types.SimpleNamespace(store=lambda group, name, node: stored.__setitem__(name, node)))
@@ -183,7 +187,7 @@ def test_the_docs_method_runs_on_a_model(recipe, tiny_llama):
     prompt = tuple(range(1, 41))
     cache = build_cache({"method": "first_tokens", "budget": 8})
     with torch.inference_mode():
-        tiny_llama(torch.tensor([prompt]), past_key_values=cache)
+        tiny_llama(torch.tensor([prompt]), **{cache_keyword(tiny_llama): cache})
     for layer in range(tiny_llama.config.num_hidden_layers):
         assert cache.kept_positions(layer).tolist() == [
             [list(range(8))] * tiny_llama.config.num_key_value_heads

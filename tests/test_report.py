@@ -18,6 +18,7 @@ import yaml
 from snapeval.commands.gate import Gate, load_gates
 from snapeval.configs.compose import compose_config
 from snapeval.memory import estimate
+from snapeval.paths import CONF_DIR
 from snapeval.report import build_report
 from snapeval.report.__main__ import main
 from snapeval.report.document import (
@@ -495,3 +496,16 @@ def test_under_torchrun_rank_0_alone_writes_the_report_and_the_figures(db_url, t
     monkeypatch.setenv("RANK", "0")
     assert main([f"--db={db_url}", f"--out={tmp_path / 'report.html'}"]) == 0
     assert (tmp_path / "report.html").stat().st_size > 0
+
+
+def test_the_commands_default_outputs_are_never_committed():
+    """``python -m snapeval.report`` writes report.html (report.md) where it runs: git ignores both at the
+    checkout's root, and neither is committed there."""
+    root = CONF_DIR.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    outputs = ["report.md", "report.html"]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *outputs], cwd=root, capture_output=True)
+    assert ignored.stdout.decode().split() == outputs
+    tracked = subprocess.run(["git", "ls-files", "--", *outputs], cwd=root, capture_output=True, check=True)
+    assert tracked.stdout.decode() == ""

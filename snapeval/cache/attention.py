@@ -5,23 +5,30 @@ in that order, for every layer, but does not give the attention function the cac
 wraps each attention module's ``forward`` so that the ``past_key_values`` it receives also reaches the
 attention function (as the ``snapeval_cache`` keyword, through transformers' attention kwargs): no state
 outside the call, so two models or two threads never see each other's cache, and ``torch.compile``
-traces it as plain arguments. When that cache is a snapeval cache, the attention function registered
-here as ``"snapeval"``
+traces it as plain arguments. When that cache owns the decode mask (``owns_decode_mask``: a
+:class:`~snapeval.cache.base.SnapevalCache`, or the batcher's rows,
+:class:`~snapeval.decode.continuous.classes.RowClasses`, a :class:`~snapeval.cache.slots.SlotCache` per
+class of rows), the attention function registered here as ``"snapeval"``
 
 * at prefill, runs the model's base attention with the model's causal/padding (and sliding-window) mask,
   and afterwards gives the cache the layer's post-RoPE queries so it can score and compress that layer;
-* at decode, replaces the model's mask by the cache's own (that of a snapeval cache or of the batcher's
-  :class:`~snapeval.cache.slots.SlotCache`): which slots are valid, causally visible and, on a layer with
-  a sliding window, inside it (:func:`snapeval.cache.ring.visible_slots`). A compressed cache holds tokens
-  out of order, so only the cache knows that mask. The cache may also transform the keys attended to
+* at decode, replaces the model's mask by the cache's own: which slots are valid, causally visible and,
+  on a layer with a sliding window, inside it (:func:`snapeval.cache.ring.visible_slots`). A compressed
+  cache holds tokens out of order, so only the cache knows that mask; the batcher's rows attend each
+  class over its own slots (``decode_parts``). One query token per row over SDPA is attended by
+  the engine's decode attention (:func:`~snapeval.cache.decode_attention.grouped_decode_attention`, or the
+  split-KV :func:`~snapeval.cache.decode_attention.split_decode_attention` where the rows ask for it; an
+  MLA layer in latent space, :func:`~snapeval.cache.mla.absorbed_decode_attention`), anything else by the
+  base attention. The cache may also transform the keys attended to
   (:meth:`~snapeval.cache.base.SnapevalCache.attention_keys`), and afterwards it notes the step's query
   and input (``record``: a cache that evicts while decoding scores from them, see
   :mod:`snapeval.cache.eviction`).
 
-The base attention is chosen once per model by :func:`install`: SDPA (boolean masks), or, for a family
-whose attention SDPA cannot express (Gemma 2's logit softcap, GPT-OSS's attention sinks ``s_aux``), the
-family's own eager attention (additive float masks), which applies the softcap and sinks itself. With
-any other cache (or none) it is exactly that base attention.
+The base attention is chosen once per model by :func:`install`: SDPA (boolean masks), or, for a model
+loaded with eager attention (a family whose attention SDPA cannot express: Gemma 2's logit softcap,
+GPT-OSS's attention sinks ``s_aux``), the family's own eager attention (additive float masks), which
+applies the softcap and sinks itself; SDPA handed a softcap or sinks is refused in one line. With any
+other cache (or none) it is exactly that base attention.
 """
 
 from __future__ import annotations

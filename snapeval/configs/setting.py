@@ -1,13 +1,14 @@
 """One cache setting, checked and resolved once: what a ``cache`` node of a config stands for.
 
 A config's ``cache`` node (or a grid point's) is a mapping as Hydra composed it. :meth:`CacheSetting.of`
-turns it into a frozen :class:`CacheSetting`: its method, its declaration made from the node (the
-method's checks run; :func:`~snapeval.configs.methods.method_params`), the parameters results store
-(``stored``) and the key that tells settings apart. The plan makes each setting once; the requests, the
-batcher, the store and the engine (:func:`snapeval.cache.build_cache`) take it as it is. A setting
-depends on nothing but its node, so :data:`_MADE` remembers each one under its node and under its stored
-form (what the plan's points and the engine give back): the declaration's checks run once per setting
-per process. No torch.
+turns it into a frozen :class:`CacheSetting`: its ``method``, its ``declaration`` made from the node (the
+method's checks run; :func:`~snapeval.configs.methods.method_params`), the ``params`` results store (with
+the method, :attr:`CacheSetting.stored`) and the :attr:`CacheSetting.key` that tells settings apart. The
+config check (:func:`check_cache`) and the plan's grid points (their stored form, :func:`effective_params`)
+make each setting; a request carries it, the batcher keys its prefills and rows by its key, and the engine
+is built from it as it is (:func:`snapeval.cache.build_cache`). A setting depends on nothing but its node,
+so :data:`_MADE` remembers each one under its node and under its stored form (what the plan's points and
+the engine give back): the declaration's checks run once per setting per process. No torch.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from snapeval.errors import SnapevalError
 
 @dataclass(frozen=True)
 class CacheSetting:
-    """A cache setting: ``method``, the ``stored`` parameters (those it takes, defaults filled in, unset
-    options left out, in declaration order) and ``declaration``, the method's dataclass made from them
-    (None for a method outside the package that declares no parameters)."""
+    """A cache setting: ``method``, ``params``, the (name, value) pairs results store (the parameters it
+    takes, defaults filled in, unset options left out, in declaration order) and ``declaration``, the
+    method's dataclass made from them (None for a method outside the package that declares no
+    parameters)."""
 
     method: str
     params: tuple[tuple[str, Any], ...]

@@ -1,5 +1,6 @@
-"""Prefill, append and decode against any transformers cache: the loop shared by the runner and the
-lm-eval adapter. It knows nothing of compression; a snapeval cache compresses itself during prefill.
+"""Prefill, append and decode against any transformers cache: the prefill and append that the continuous
+batcher and the lm-eval model share, and :func:`generate`, the one-by-one loop every batched path is
+checked against. It knows nothing of compression; a snapeval cache compresses itself during prefill.
 
 ``compress_at`` splits a prompt: the tokens before it are prefilled in one call (and so compressed by a
 compressing cache); the rest (the query, in query-agnostic evaluation) is appended afterwards.

@@ -11,7 +11,8 @@ Modules: :mod:`~snapeval.report.data` (settings grouped into experiments),
 :mod:`~snapeval.report.analysis` (retention, bounds, decisions, flips), :mod:`~snapeval.report.capacity`
 (the estimator), :mod:`~snapeval.report.provenance`, :mod:`~snapeval.report.charts` (figures),
 :mod:`~snapeval.report.experiment` and :mod:`~snapeval.report.build` (the blocks),
-:mod:`~snapeval.report.document` (the blocks' types) and the two renderers.
+:mod:`~snapeval.report.document` (the blocks' types) and the two renderers,
+:mod:`~snapeval.report.render_html` and :mod:`~snapeval.report.render_markdown`.
 """
 
 from snapeval.report.build import build_report

@@ -1,15 +1,17 @@
-"""The AIME scorers of the official harnesses, each giving its original's verdict on any output:
+"""The AIME scorers of the official harnesses, each giving its original's verdict on any output (but
+where a deviation of the Qwen2.5-Math grader, :data:`~snapeval.tasks.qwen_math_grader.DEVIATIONS`, says
+otherwise):
 
 * ``qwen_math``: Qwen2.5-Math's evaluation (:mod:`snapeval.tasks.qwen_math_grader`), the reference of
   the README and of R-KV's AIME numbers;
 * ``math_verify``: Hugging Face's math-verify, the library itself: ``verify(parse(gold), parse(output))``;
 * ``lm_eval``: lm-eval's ``aime24`` task itself, its ``process_results`` (``lm_eval/tasks/aime/utils.py``):
-  the text between the first and last ``$``, or the last ``\\boxed``, compared after MATH's
-  ``strip_string``.
+  the content of the last ``\\boxed``, else the text between the first and last ``$`` (else the whole
+  output), compared after MATH's ``strip_string``.
 
 The names are :data:`~snapeval.configs.task.AIME_SCORERS`; the scorer of a name is this module's
-``<name>_score``. ``tests/data/aime_probes.jsonl`` holds each original's verdicts on answer strings, and
-the tests hold every scorer to them.
+``<name>_score``. ``tests/data/aime_probes.json`` holds each original's verdicts on answer strings, and
+the tests hold every scorer to them (``qwen_math`` to all but the probes its deviations explain).
 """
 
 from __future__ import annotations

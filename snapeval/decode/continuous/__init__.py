@@ -1,21 +1,23 @@
-"""Continuous batching over a fixed-shape slot cache, with a decode step that compiles once.
+"""Continuous batching over fixed-shape slot caches, with a decode step that compiles once.
 
-:class:`ContinuousBatcher` owns ``rows`` decode slots (a :class:`~snapeval.cache.slots.SlotCache`,
-allocated once for the largest request) and a queue of :class:`Request` s. Whenever a row is free, the
-next request is prefilled on its own into a fresh snapeval cache (which compresses itself), and that
-cache is copied into the row. Requests with the same prompt share one prefill: the draws of one
-problem, and the points of a sweep grid, whose caches are all filled from that one prefill by a
-:class:`~snapeval.cache.grid.CacheGrid`. Then one decode step advances every row by one token. A row
-that stops frees its slot for the next request at once: the batch never waits for its longest row.
-The queue may be topped up while it runs (``run(..., more=...)``): the runner claims samples from the
-results database as rows free, so that workers on one point split it.
+:class:`ContinuousBatcher` owns ``rows`` decode rows in capacity classes
+(:class:`~snapeval.decode.continuous.classes.RowClasses`: one :class:`~snapeval.cache.slots.SlotCache` per
+class, each as wide as its requests need; allocated for a run's requests, reused by later runs while wide
+enough, and grown for a longer one) and a queue of :class:`Request` s per class. Whenever a row is free,
+the next request of its class (else of the nearest smaller one) is loaded into it from its prompt's
+prefill. Requests with the same prompt share one prefill: the draws of one problem, and the points of a
+sweep grid, whose caches (each compressing itself) are all filled from that one prefill by a
+:class:`~snapeval.cache.grid.CacheGrid`. Then one decode step advances every row by one token. A row that
+stops frees its slot for the next request at once: the batch never waits for its longest row. The queue
+may be topped up while it runs (``run(..., more=...)``): the runner claims samples from the results
+database as rows free, so that workers on one point split it.
 
 The decode step (tokens of every row -> next token of every row, sampling included) performs no host
 synchronisation and no branch on tensor values; :meth:`ContinuousBatcher.step` may be compiled
-(``torch.compile(fullgraph=True, dynamic=False)``, CUDA graphs on a GPU) or captured as CUDA graphs as it
-is, and then runs every step of a
-run, refills and ring wrap-around included, from one graph. The loop reads the new tokens once per step
-to decide which rows stop.
+(``torch.compile(fullgraph=True, dynamic=False)``, CUDA graphs on a GPU), and then runs every step of a
+run, refills, ring wrap-around and re-selections included, from one graph while the rows keep their
+shapes; or its eager step is captured as CUDA graphs as it is (``run.compile=graphs``). The loop reads the
+new tokens once per step to decide which rows stop.
 
 Every answer equals the one-by-one :func:`snapeval.decode.generation.generate` (the same tokens; sampled rows
 draw their ``k``-th token from their own seed and counter ``k``, whatever row or batch they run in).
@@ -24,6 +26,7 @@ the step's wall time divided among the rows that were decoding.
 
 Modules: :mod:`~snapeval.decode.continuous.work` (a request and its answer),
 :mod:`~snapeval.decode.continuous.prefills` (one prefill shared by the requests of a prompt),
+:mod:`~snapeval.decode.continuous.classes` (the rows in capacity classes, each attended over its own slots),
 :mod:`~snapeval.decode.continuous.rows` (what each row holds, its sampling settings as tensors),
 :mod:`~snapeval.decode.continuous.compiled` (``run.compile`` and the CUDA graph's fixed addresses),
 :mod:`~snapeval.decode.continuous.graphs` (``run.compile=graphs``: the eager step captured as CUDA graphs),
