@@ -211,3 +211,17 @@ def test_an_engine_that_fails_mid_run_ends_it_in_one_line_and_closes_it(tiny_lla
         runner.run(cfg)
     with sqlite3.connect(db) as connection:
         assert connection.execute("SELECT status FROM runs").fetchall() == [("failed",)]
+
+
+def test_both_answerers_take_the_runners_calls_as_the_seam_declares():
+    """snapeval's batcher and the lm-eval answerer: the members of :class:`Answerer`, with its signatures."""
+    import inspect
+
+    from snapeval.backends import Answerer
+    from snapeval.backends.lm_eval import LmEvalAnswerer
+    from snapeval.decode.continuous import ContinuousBatcher
+
+    for implementation in (ContinuousBatcher, LmEvalAnswerer):
+        for name in ("reserve", "run"):
+            declared = inspect.signature(getattr(Answerer, name))
+            assert inspect.signature(getattr(implementation, name)) == declared, (implementation, name)

@@ -174,6 +174,14 @@ def test_a_refused_launch_says_one_line_exits_2_and_leaves_no_file(tiny_llama_ov
     assert "Traceback" not in done.stderr and not list(tmp_path.glob("refused.db*"))
 
 
+def launched_by(how: str, ranks: int) -> list[str]:
+    """``python -m snapeval`` on ``ranks`` ranks, started by ``--nproc`` or by torchrun."""
+    if how == "nproc":
+        return [sys.executable, "-m", "snapeval", "--nproc", str(ranks)]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    return [*torchrun, "-m", "snapeval"]
+
+
 @pytest.mark.slow  # .ci/run runs it
 @pytest.mark.parametrize("how", ["nproc", "torchrun"])
 def test_a_tp_refusal_after_the_database_opened_leaves_no_file(how, tiny_llama_overrides, tmp_path):
@@ -181,17 +189,7 @@ def test_a_tp_refusal_after_the_database_opened_leaves_no_file(how, tiny_llama_o
     which is removed; ``--nproc`` says it once with exit 2."""
     db = tmp_path / "tp3.db"
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    start = [sys.executable, "-m", "snapeval", "--nproc", "3"]
-    if how == "torchrun":
-        start = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=3",
-            "-m",
-            "snapeval",
-        ]
+    start = launched_by(how, 3)
     command = [*start, *tiny_llama_overrides, *RUN, f"run.db={db}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=environment)
     assert "cannot split" in done.stderr and not list(tmp_path.glob("tp3.db*")), done.stderr[-2000:]
@@ -217,17 +215,7 @@ def test_sigterm_stops_every_rank_together_as_interrupted(how, tiny_llama_overri
     seconds (never torchrun's 30 s SIGKILL), says it was interrupted, and the run is closed so."""
     db = tmp_path / "tp2.db"
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    start = [sys.executable, "-m", "snapeval", "--nproc", "2"]
-    if how == "torchrun":
-        start = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "snapeval",
-        ]
+    start = launched_by(how, 2)
     command = [*start, *tiny_llama_overrides, *RUN[1:], "run.limit=12", "task.max_new_tokens=48"]
     command += ["run.batch_size=1", f"run.db={db}"]
     process = subprocess.Popen(
