@@ -106,6 +106,8 @@ COUPLINGS = (
     Coupling("lm_eval", "lm_eval.api.registry", "model_registry", "lazy registration by the .pth plugin"),
     Coupling("lm_eval", "lm_eval.models", "__name__", "the module whose import the .pth plugin watches"),
     Coupling("lm_eval", "lm_eval.tasks.aime.utils", "process_results", "the lm_eval AIME scorer"),
+    Coupling("lm_eval", "lm_eval.api.registry", "get_model", "model.backend: an lm-eval client by name"),
+    Coupling("lm_eval", "lm_eval.api.instance", "Instance", "model.backend: a request to the client"),
     Coupling("kvpress", "kvpress", "DecodingPress", "kvpress's decoding presses (cache.decoding=true)"),
     Coupling("kvpress", "kvpress", "ScorerPress", "the presses a decoding press takes"),
     Coupling("kvpress", "kvpress.utils", "compute_n_kept", "slots a decoding press keeps"),
