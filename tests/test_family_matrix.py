@@ -251,11 +251,34 @@ def test_bf16_runs_every_method_on_every_path_with_finite_logits(name):
     assert outputs and all(bool(torch.isfinite(logits).all()) for logits in outputs)
 
 
-def test_windows_are_shorter_than_prompt_and_answer():
-    for name in WINDOWED:
-        config = FAMILIES[name](VOCAB).config
-        assert "sliding_attention" in (getattr(config, "layer_types", None) or ["sliding_attention"])
-        assert config.sliding_window == WINDOW < PROMPT_LENGTH
+def layer_windows(model) -> dict[int, int | None]:
+    """Each attention layer's sliding window (None: full attention) as its prefill passed it."""
+    with torch.inference_mode():
+        model(torch.tensor([prompt()[:16]]), past_key_values=build_cache({"method": "full"}))
+    return {
+        module.layer_idx: vars(module)[LAYER_WINDOW]
+        for module in model.modules()
+        if LAYER_WINDOW in vars(module) and hasattr(module, "head_dim")
+    }
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWED))
+def test_windows_are_shorter_than_prompt_and_answer(name):
+    """A window of 64 tokens over the 300-token prompt: on every layer of a family whose config has no
+    ``layer_types`` (Mistral, Phi-3: the window is the whole model's), on the sliding layers (beside full
+    ones) of the others."""
+    model = install(build(name))
+    config = model.config
+    assert config.sliding_window == WINDOW < PROMPT_LENGTH
+    layer_types = getattr(config, "layer_types", None)
+    windows = layer_windows(model)
+    assert sorted(windows) == list(range(config.num_hidden_layers))
+    if name in ALL_LAYERS_WINDOWED:
+        assert layer_types is None and set(windows.values()) == {WINDOW}
+    else:
+        assert set(layer_types) == {"sliding_attention", "full_attention"}
+        expected = {i: WINDOW if kind == "sliding_attention" else None for i, kind in enumerate(layer_types)}
+        assert windows == expected
 
 
 def test_a_layer_type_the_engine_cannot_cache_is_refused_naming_family_and_feature():
@@ -284,11 +307,7 @@ def test_a_windowed_layer_scores_only_inside_its_window(name):
     cache = build_cache({"method": "snapkv", "budget": 96, "window": 8, "kernel": 5})
     with torch.inference_mode():
         model(torch.tensor([ids]), past_key_values=cache)
-    windows = {
-        module.layer_idx: vars(module)[LAYER_WINDOW]
-        for module in model.modules()
-        if LAYER_WINDOW in vars(module) and hasattr(module, "head_dim")
-    }
+    windows = layer_windows(model)
     windowed = [layer for layer, window in windows.items() if window is not None]
     assert windowed and all(windows[layer] == WINDOW for layer in windowed)
     visible = set(range(PROMPT_LENGTH - WINDOW + 1, PROMPT_LENGTH))  # what the next query still sees

@@ -16,6 +16,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import IO
 
@@ -34,6 +35,7 @@ from snapeval.memory.point import run_memory_point
 from snapeval.report.__main__ import main as report_main
 from snapeval.results import DEFAULT_DB, ResultsDB, files, load_memory
 from snapeval.results.__main__ import main as results_main
+from snapeval.results.schema import metadata
 
 BINARY = bytes(range(256)) * 4  # byte 0x80 at offset 128 is the first that is not UTF-8
 IN_MEMORY = "is an in-memory SQLite database (so are an empty value and :memory:): every result would be lost"
@@ -102,24 +104,55 @@ def test_another_programs_database_is_refused_unchanged(foreign, which, reason, 
     assert snapshot(foreign["runs"].parent) == before
 
 
+SNAPEVAL_TABLES = {table.name: set(table.columns.keys()) for table in metadata.sorted_tables}
+
+
+def tables_in(path: Path) -> dict[str, set[str]]:
+    """The tables of the SQLite file at ``path``, each with its columns."""
+    with closing(sqlite3.connect(path)) as conn:
+        names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {name: {row[1] for row in conn.execute(f'PRAGMA table_info("{name}")')} for name in names}
+
+
+def used_as_snapevals(path: Path) -> None:
+    """The database at ``path`` has every table and column of snapeval's, and stores and reads a run."""
+    with ResultsDB(path) as db:
+        run_id = db.start_run({"model": {"name": "m"}}, "new")
+        assert db.add_sample(run_id, "new", {"sample_id": "s-0", "score": 1.0})
+        db.finish_run(run_id)
+        assert db.done_sample_ids("new") == {"s-0"}
+        assert db.run_states()[-1]["status"] == "finished"
+    tables = tables_in(path)
+    assert all(columns <= tables.get(name, set()) for name, columns in SNAPEVAL_TABLES.items()), tables
+
+
 def test_new_empty_old_or_half_made_snapeval_databases_are_used(tmp_path):
-    """A new path, an empty file, snapeval's tables plus one of the user's, an old snapeval database
-    (runs without its newer nullable columns) and one another worker is still creating are snapeval's."""
-    ResultsDB(tmp_path / "new" / "db.sqlite").close()
-    ResultsDB(sqlite_file(tmp_path / "empty.sqlite")).close()
+    """A new path, an empty file, snapeval's tables plus one of the user's (kept, with its rows), an old
+    snapeval database (runs without its newer nullable columns, no claims: brought up to date, its run
+    kept) and one another worker is still creating (tables missing: made) are snapeval's."""
+    new, empty = tmp_path / "new" / "db.sqlite", sqlite_file(tmp_path / "empty.sqlite")
     with_extra = tmp_path / "extra.sqlite"
     ResultsDB(with_extra).close()
-    sqlite_file(with_extra, "CREATE TABLE my_notes (text TEXT)")
-    ResultsDB(with_extra).close()
+    sqlite_file(with_extra, "CREATE TABLE my_notes (text TEXT)", "INSERT INTO my_notes VALUES ('mine')")
     old = tmp_path / "old.sqlite"
     ResultsDB(old).close()
     sqlite_file(old, "ALTER TABLE runs DROP COLUMN expires_at", "DROP TABLE claims")
+    assert "claims" not in tables_in(old) and "expires_at" not in tables_in(old)["runs"]
     with ResultsDB(old) as db:  # brought up to date
-        db.finish_run(db.start_run({"model": {"name": "m"}}, "h"))
+        db.finish_run(db.start_run({"model": {"name": "m"}}, "old"))
     half = tmp_path / "half.sqlite"
     ResultsDB(half).close()
     sqlite_file(half, "DROP TABLE samples", "DROP TABLE claims", "DROP TABLE memory_estimates")
-    ResultsDB(half).close()
+    assert tables_in(half).keys() == SNAPEVAL_TABLES.keys() - {"samples", "claims", "memory_estimates"}
+    for path in (new, empty, with_extra, old, half):
+        used_as_snapevals(path)
+    with closing(sqlite3.connect(with_extra)) as conn:
+        assert conn.execute("SELECT text FROM my_notes").fetchall() == [("mine",)]
+    with ResultsDB(old) as db:
+        assert [(run["config_hash"], run["status"]) for run in db.run_states()] == [
+            ("old", "finished"),
+            ("new", "finished"),
+        ]
 
 
 # --- 3: an in-memory database loses every result --------------------------------------------------

@@ -29,9 +29,9 @@ from snapeval.results.summary import summary_of
 NONE_PASSES = "none of the measured budgets"
 TOO_SMALL = "n too small"
 TOO_SMALL_NOTE = (
-    f"{TOO_SMALL}: k of m: undecided. Even with no loss, showing the target with 95% confidence takes m "
-    "samples of evidence (for 0/1 scores, samples the full cache gets right; otherwise paired samples), and "
-    "the largest budget measured has k. More samples decide it."
+    f'"{TOO_SMALL}: k of m" means undecided: even with no loss, showing the target with 95% confidence '
+    "takes m samples of evidence (for 0/1 scores, samples the full cache gets right; otherwise paired "
+    "samples), and the largest budget measured has k. More samples decide it."
 )
 
 
