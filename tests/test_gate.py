@@ -162,8 +162,9 @@ def test_shipped_gate_passes_on_the_embedded_model(tmp_path):
     assert main(["--spec", str(SHIPPED_SPEC), "--db", str(tmp_path / "gate.sqlite")]) == 0
 
 
-def test_a_gate_loads_its_model_once_for_both_sides(tmp_path, tiny_llama_overrides, monkeypatch):
-    """The full cache's side and the compressed one run on one model: it loads once."""
+def test_a_gate_loads_its_model_once_for_both_sides(tmp_path, tiny_llama_overrides, monkeypatch, capsys):
+    """The full cache's side and the compressed one run on one model: it loads once. The gate says how
+    many samples it runs, and each side shows its progress bar, as a run does."""
     loads = []
     real_load = evaluation.load_model
     monkeypatch.setattr(evaluation, "load_model", lambda spec: loads.append(spec) or real_load(spec))
@@ -180,3 +181,10 @@ def test_a_gate_loads_its_model_once_for_both_sides(tmp_path, tiny_llama_overrid
     with ResultsDB(database) as db:
         assert sorted(run["method"] for run in db.run_states()) == ["full", "snapstream"]
     assert len(loads) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith(
+        "tiny: 2 samples of ruler_passkey, each with the full cache and with cache=snapstream "
+        "cache.budget=128 (those stored already are not run again)\n"
+    )
+    for side in ("full", "snapstream"):
+        assert f"ruler_passkey [{side}]: 100%" in err and "2/2" in err
