@@ -89,7 +89,7 @@ class LmEvalAnswerer:
             reason = " ".join(str(exc).split())[:300] or type(exc).__name__
             failure = f"{type(exc).__name__}: {reason}"
             raise SnapevalError(f"the engine failed to answer ({failure})", FIELD) from None
-        seconds = (time.perf_counter() - started) / max(len(batch), 1)
+        seconds = (time.perf_counter() - started) / len(batch)
         return [
             self.answer_of(request, output, seconds) for request, output in zip(batch, outputs, strict=True)
         ]

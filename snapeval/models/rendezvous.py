@@ -41,7 +41,7 @@ def rendezvous(world: World, rendezvous_s: float) -> Any:
     )
     deadline = time.monotonic() + rendezvous_s
     if not holds:
-        _knock(address, port, deadline, waiting)
+        _knock(address, port, deadline, where, waiting)
     note = None if not holds else _later_note(waiting)
     try:
         store = dist.TCPStore(
@@ -60,9 +60,9 @@ def rendezvous(world: World, rendezvous_s: float) -> Any:
     return dist.PrefixStore("default_pg", store)
 
 
-def _knock(address: str, port: int, deadline: float, waiting: str) -> None:
+def _knock(address: str, port: int, deadline: float, where: str, waiting: str) -> None:
     """Return once something listens at ``address:port``; say ``waiting`` once after
-    :data:`WAITING_NOTE_S`; a :class:`SnapevalError` past ``deadline``."""
+    :data:`WAITING_NOTE_S`; a :class:`SnapevalError` on ``where`` (this rank) past ``deadline``."""
     started, said = time.monotonic(), False
     while True:
         try:
@@ -71,8 +71,7 @@ def _knock(address: str, port: int, deadline: float, waiting: str) -> None:
         except OSError as exc:
             now = time.monotonic()
             if now >= deadline:
-                where, total = waiting.split(":", 1)[0], deadline - started
-                raise _not_met(where, address, port, total, exc) from None
+                raise _not_met(where, address, port, deadline - started, exc) from None
             if not said and now - started >= WAITING_NOTE_S:
                 print(waiting, file=sys.stderr, flush=True)
                 said = True

@@ -12,8 +12,7 @@ from contextlib import closing, suppress
 from pathlib import Path
 
 from snapeval.results.connect import database_url, sqlite_path
-
-SIDECARS = ("-wal", "-shm", "-journal")
+from snapeval.results.files import SIDECARS
 
 
 def new_sqlite_file(url_or_path: str) -> Path | None:

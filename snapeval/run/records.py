@@ -4,7 +4,6 @@ how far it agrees with the full cache's output. Pure functions of finished answe
 from __future__ import annotations
 
 import resource
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -45,11 +44,6 @@ def trace(tokenizer: PreTrainedTokenizerBase, answer: Answer) -> dict[str, Any]:
         "kept_prompt_share": answer.kept_share,
         "kept_generated_share": answer.kept_generated_share,
     }
-
-
-def _largest(values: Iterable[int | None]) -> int | None:
-    known = [value for value in values if value is not None]
-    return max(known) if known else None
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -98,8 +92,10 @@ def sample_row(
         "decode_s": sum(c.decode_s for c in calls),
         "generated_tokens": sum(len(c.tokens) for c in calls),
         "peak_memory_bytes": peak_memory_bytes(device),
-        "kv_bytes": _largest(c.kv_bytes for c in calls),  # None: a deployed engine's, not known here
-        "kv_bytes_per_rank": _largest(c.kv_bytes_per_rank for c in calls),
+        "kv_bytes": max((c.kv_bytes for c in calls if c.kv_bytes is not None), default=None),
+        "kv_bytes_per_rank": max(
+            (c.kv_bytes_per_rank for c in calls if c.kv_bytes_per_rank is not None), default=None
+        ),
         "extra": extra,
     }
 

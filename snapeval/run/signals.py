@@ -28,6 +28,7 @@ class Stops:
     def __init__(self, together: bool) -> None:
         self.together = together
         self.received = 0  # the signal number of the first signal noted, 0 for none
+        self.device: Any = None  # where the ranks' collectives run, found at the first check
 
     def check(self) -> None:
         """Stop (raise) if any rank received a signal: every rank learns it here, at the same point."""
@@ -36,9 +37,10 @@ class Stops:
         import torch
         import torch.distributed as dist
 
-        nccl = dist.get_backend() == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-        shared = torch.tensor([self.received], device=device)
+        if self.device is None:
+            nccl = dist.get_backend() == "nccl"
+            self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        shared = torch.tensor([self.received], device=self.device)
         dist.all_reduce(shared, op=dist.ReduceOp.MAX)  # SIGTERM (15) outranks SIGINT (2)
         raise_for(int(shared.item()))
 

@@ -72,7 +72,8 @@ class Answer:
     stopped: str  # eos | length | stop
     prefill_s: float
     decode_s: float
-    kv_bytes: int  # the row's own slots (a growing method: those it filled), over every rank under TP
+    kv_bytes: int | None  # the row's own slots (a growing method: those it filled), over every rank under
+    # TP; None where a deployed engine answered (what its cache held is not known here)
     ring_wraps: int  # times the row's ring came round to its first slot while decoding
     kept_histogram: dict[str, list[float]] | None  # compressed methods: share of the prompt held per bin
     kept_share: float | None = None  # compressed methods: share of the prompt held
