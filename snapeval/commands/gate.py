@@ -17,6 +17,10 @@ A gate judges one evaluation of one compressed cache setting: a cache that is no
 (``+exp=...``, ``task.*``, a grid), a task that sets the cache or makes a grid or another job, and the
 full cache as the compressed one are refused before anything runs.
 
+A gate of ``kind: engine`` (:mod:`snapeval.commands.engine_gate`) judges a deployed engine's setting
+against snapeval's reference of the same setting from the stored runs alone, and runs nothing; the gates
+above are ``kind: retention``, the default.
+
 Both settings are first planned (:func:`snapeval.run.plan.make_plan`) and executed
 (:func:`snapeval.run.runner.execute`), which computes only the samples the database lacks (skipped with
 ``--no-run``): each gate says how many samples it runs, and each side shows a run's progress bar. Verdicts
@@ -29,11 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,18 +44,26 @@ import numpy as np
 import yaml
 
 from snapeval.cli import one_line_errors
-from snapeval.configs import legacy
-from snapeval.configs.cache import FULL
+from snapeval.commands.engine_gate import ENGINE, EngineGate, EngineVerdict, judge_engine
+from snapeval.commands.gate_spec import (
+    check_counts,
+    check_entry,
+    check_overrides,
+    check_sides,
+    gate_config,
+    located,
+    one_setting,
+    stored_samples,
+)
 from snapeval.configs.check import check
-from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
-from snapeval.results import ResultsDB, database_url, identity
+from snapeval.results import ResultsDB, database_url
 from snapeval.results.options import DB_OPTION, add_db_option, open_existing
 from snapeval.run.plan import Inputs, RunPlan, check_inputs, make_plan
 from snapeval.stats import CONFIDENCE, Retention, retention
 
-CACHE_OVERRIDE = re.compile(r"(\+{1,2}|~)?cache(\.[\w.]+)?(=.*)?", flags=re.DOTALL)
-"""An override of the cache (``cache=NAME``, ``cache.KEY=VALUE``, with Hydra's ``+``, ``++`` or ``~``)."""
+RETENTION = "retention"
+FIELDS = ("name", "task", "cache", "min_retained", "min_n")
 
 
 @dataclass(frozen=True)
@@ -69,38 +79,21 @@ class Gate:
     @classmethod
     def from_spec(cls, spec: object, where: str) -> Gate:
         """The gate described by one entry of a spec file; ``where`` locates it in error messages."""
-        fields = ("name", "task", "cache", "min_retained", "min_n")
-        if not isinstance(spec, Mapping) or set(spec) != set(fields):
-            raise SnapevalError(f"must be a mapping with exactly the keys {', '.join(fields)}", where)
-        name, task, cache, min_retained, min_n = (spec[field] for field in fields)
-        if not isinstance(name, str) or not name:
-            raise SnapevalError(f"must be a non-empty string, got {name!r}", f"{where}.name")
+        name, task, cache, min_retained, min_n = check_entry(spec, FIELDS, where)
         for key, overrides in (("task", task), ("cache", cache)):
-            if not isinstance(overrides, list) or not all(isinstance(item, str) for item in overrides):
-                raise SnapevalError(f"must be a list of Hydra overrides, got {overrides!r}", f"{where}.{key}")
-        _check_sides(task, cache, where)
-        if not _finite(min_retained) or min_retained < 0:  # NaN or inf: a gate that cannot fail, or pass
-            message = f"must be a number >= 0 and finite, got {min_retained!r}"
-            raise SnapevalError(message, f"{where}.min_retained")
-        if isinstance(min_n, bool) or not isinstance(min_n, int) or min_n < 1:
-            raise SnapevalError(f"must be a positive integer, got {min_n!r}", f"{where}.min_n")
+            check_overrides(overrides, f"{where}.{key}")
+        check_sides(task, cache, where)
+        check_counts(min_retained, min_n, where)
         return cls(name, tuple(task), tuple(cache), float(min_retained), min_n)
 
     def configs(self, db_url: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The full-cache and the compressed run configs, storing their samples at ``db_url``."""
-        full, compressed = (self.config(overrides, db_url) for overrides in self.overrides())
+        full, compressed = (gate_config(overrides, db_url) for overrides in self.overrides())
         return full, compressed
 
     def overrides(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The overrides of the full-cache and of the compressed run."""
         return (*self.task, "cache=full"), (*self.task, *self.cache)
-
-    @staticmethod
-    def config(overrides: tuple[str, ...], db_url: str) -> dict[str, Any]:
-        """The run config of ``overrides``, storing its samples at ``db_url``."""
-        config = compose_config(*legacy.rewrite(list(overrides)))
-        config["run"]["db"] = db_url
-        return config
 
 
 @dataclass(frozen=True)
@@ -143,13 +136,9 @@ class Verdict:
         return "\n".join(lines)
 
 
-def _finite(value: object) -> bool:
-    """A real number, neither NaN nor infinite (YAML's ``.nan``, ``.inf``), nor a boolean."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def load_gates(path: str | Path) -> list[Gate]:
-    """The gates of a YAML spec file (a list of :class:`Gate` entries)."""
+def load_gates(path: str | Path) -> list[Gate | EngineGate]:
+    """The gates of a YAML spec file: a list of :class:`Gate` entries (``kind: retention``, the default)
+    and :class:`~snapeval.commands.engine_gate.EngineGate` ones (``kind: engine``)."""
     try:
         spec = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
@@ -161,65 +150,40 @@ def load_gates(path: str | Path) -> list[Gate]:
         raise SnapevalError(f"not valid YAML: {' '.join(str(exc).split())}", str(path)) from exc
     if not isinstance(spec, list) or not spec:
         raise SnapevalError("must be a non-empty list of gates", str(path))
-    return [Gate.from_spec(entry, f"{path}[{index}]") for index, entry in enumerate(spec)]
+    return [_gate(entry, f"{path}[{index}]") for index, entry in enumerate(spec)]
 
 
-def _check_sides(task: list[str], cache: list[str], where: str) -> None:
-    """The compressed side sets the cache and nothing else; the task, which the full cache runs too,
-    never sets it."""
-    if not cache:
-        message = "must set the compressed cache (cache=NAME, cache.KEY=VALUE), got []"
-        raise SnapevalError(message, f"{where}.cache")
-    for override in cache:
-        if not CACHE_OVERRIDE.fullmatch(override):
-            message = (
-                f"{override!r} is not a cache setting: give cache=NAME and cache.KEY=VALUE overrides only"
-            )
-            raise SnapevalError(message, f"{where}.cache")
-    for override in task:
-        if CACHE_OVERRIDE.fullmatch(override):
-            message = (
-                f"{override!r} sets the cache, which the full-cache run would take too: give it in cache"
-            )
-            raise SnapevalError(message, f"{where}.task")
+def _gate(entry: object, where: str) -> Gate | EngineGate:
+    kind = entry.get("kind", RETENTION) if isinstance(entry, Mapping) else RETENTION
+    if kind == ENGINE:
+        return EngineGate.from_spec(entry, where)
+    if kind != RETENTION:
+        raise SnapevalError(f"must be {RETENTION} (the default) or {ENGINE}, got {kind!r}", f"{where}.kind")
+    if isinstance(entry, Mapping):
+        entry = {key: value for key, value in entry.items() if key != "kind"}
+    return Gate.from_spec(entry, where)
 
 
-def one_setting(config: Mapping[str, Any], side: str) -> None:
-    """Refuse a gate's config that is not one evaluation of one cache setting, and a compressed side
-    (``side`` ``cache``) that is the full cache."""
-    if config["job"] != "evaluate":
-        raise SnapevalError(f"a gate runs two evaluations, not job={config['job']}", "job")
-    if config.get("grid") is not None:
-        raise SnapevalError("a gate runs one cache setting, not a grid: give each point its own gate", "grid")
-    if side == "cache" and config["cache"].get("method") == FULL:
-        raise SnapevalError(
-            "must be a compressed cache, got full: a gate compares one with it", "cache.method"
-        )
-
-
-def checked_configs(gates: list[Gate], spec: Path, db_url: str, runs: bool) -> dict[str, Inputs | None]:
-    """Each gate's full-cache and compressed config by where it comes from in ``spec`` (``<spec>[i].task``
-    or ``.cache``), checked before torch loads: its fields, and when the gates ``runs``, its inputs
-    (:func:`snapeval.run.plan.check_inputs`: task, data, shard, drafts' names), which it maps to. A bad one
-    is refused in one line naming both."""
+def checked_configs(
+    gates: list[Gate | EngineGate], spec: Path, db_url: str, runs: bool
+) -> dict[str, Inputs | None]:
+    """Each retention gate's full-cache and compressed config by where it comes from in ``spec``
+    (``<spec>[i].task`` or ``.cache``), checked before torch loads: its fields, and when the gates
+    ``runs``, its inputs (:func:`snapeval.run.plan.check_inputs`: task, data, shard, drafts' names), which
+    it maps to; an engine gate's configs checked alone (it runs nothing). A bad one is refused in one line
+    naming both."""
     checked = {}
     for index, gate in enumerate(gates):
+        if isinstance(gate, EngineGate):
+            gate.check(f"{spec}[{index}]", db_url)
+            continue
         for key, overrides in zip(("task", "cache"), gate.overrides(), strict=True):
             where = f"{spec}[{index}].{key}"
             with located(where):
-                config = gate.config(overrides, db_url)
+                config = gate_config(overrides, db_url)
                 one_setting(config, key)
                 checked[where] = check_inputs(config) if runs else check(config)
     return checked
-
-
-@contextmanager
-def located(where: str) -> Iterator[None]:
-    """Re-raise a :class:`SnapevalError` with ``where`` (a gate's entry in its spec) in front of it."""
-    try:
-        yield
-    except SnapevalError as exc:
-        raise SnapevalError(str(exc), where) from None
 
 
 def run_gate(gate: Gate, plans: list[RunPlan], samples: int) -> None:
@@ -247,8 +211,11 @@ def run_gate(gate: Gate, plans: list[RunPlan], samples: int) -> None:
         )
 
 
-def judge(gate: Gate, db: ResultsDB) -> Verdict:
-    """The gate's verdict on the samples stored under both of its configs."""
+def judge(gate: Gate | EngineGate, db: ResultsDB) -> Verdict | EngineVerdict:
+    """The gate's verdict on the samples stored under both of its configs (an engine gate's, under its
+    four: :func:`~snapeval.commands.engine_gate.judge_engine`)."""
+    if isinstance(gate, EngineGate):
+        return judge_engine(gate, db)
     full, compressed = (_scores(db, config) for config in gate.configs(db.url))
     paired = sorted(full.keys() & compressed.keys())
     if not paired:
@@ -261,8 +228,7 @@ def judge(gate: Gate, db: ResultsDB) -> Verdict:
 
 def _scores(db: ResultsDB, config: Mapping[str, Any]) -> dict[str, float]:
     """Score per sample id of the samples stored for ``config`` (as the runner stores it)."""
-    rows = db.samples_for(identity(config)[1])
-    return {row["sample_id"]: row["score"] for row in rows if row["score"] is not None}
+    return {row["sample_id"]: row["score"] for row in stored_samples(db, config) if row["score"] is not None}
 
 
 @one_line_errors
@@ -284,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             with located(where):
                 plans[where] = make_plan(inputs)
         for index, gate in enumerate(gates):
-            sides = [f"{args.spec}[{index}].{key}" for key in ("task", "cache")]
-            run_gate(gate, [plans[where] for where in sides], checked[sides[0]].samples)
+            if isinstance(gate, Gate):
+                sides = [f"{args.spec}[{index}].{key}" for key in ("task", "cache")]
+                run_gate(gate, [plans[where] for where in sides], checked[sides[0]].samples)
     with open_existing(db_url) as db:
         verdicts = [judge(gate, db) for gate in gates]
     for verdict in verdicts:

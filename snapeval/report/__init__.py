@@ -11,6 +11,7 @@ Modules: :mod:`~snapeval.report.data` (settings grouped into experiments),
 :mod:`~snapeval.report.analysis` (retention, bounds, decisions, flips), :mod:`~snapeval.report.capacity`
 (the estimator), :mod:`~snapeval.report.provenance`, :mod:`~snapeval.report.charts` (figures),
 :mod:`~snapeval.report.experiment` and :mod:`~snapeval.report.build` (the blocks),
+:mod:`~snapeval.report.engines` (each deployed engine against snapeval's reference),
 :mod:`~snapeval.report.document` (the blocks' types) and the two renderers,
 :mod:`~snapeval.report.render_html` and :mod:`~snapeval.report.render_markdown`.
 """

@@ -1,5 +1,6 @@
 """The whole report of a database: what it is and how to read it, the decision over every experiment, the
-gates' verdicts when asked, then a section per experiment."""
+gates' verdicts when asked, each deployed engine against snapeval's reference when the database holds one,
+then a section per experiment."""
 
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ from snapeval.report.document import (
     interval,
     number,
 )
+from snapeval.report.engines import engine_blocks, engine_gate_blocks
 from snapeval.report.experiment import Analysis, analyse, decision_cell, decision_notes, experiment_blocks
 from snapeval.results import ResultsDB
 from snapeval.results.identity import git_sha
 
 if TYPE_CHECKING:  # the gates' module composes configs with Hydra: loaded only to judge gates
+    from snapeval.commands.engine_gate import EngineGate, EngineVerdict
     from snapeval.commands.gate import Gate, Verdict
 
 TITLE = "KV-cache compression: decision report"
@@ -40,7 +43,7 @@ def build_report(
     *,
     figures: bool = True,
     flips: int = 5,
-    gates: Sequence[Gate] = (),
+    gates: Sequence[Gate | EngineGate] = (),
 ) -> Document:
     """The report of every experiment stored in ``db`` at the retention ``targets``; its figures drawn
     when ``figures``, ``flips`` flipped samples shown per setting, and the verdicts of ``gates``."""
@@ -51,6 +54,7 @@ def build_report(
         from snapeval.commands.gate import judge
 
         blocks += _gate_blocks([judge(gate, db) for gate in gates])
+    blocks += engine_blocks([analysis.experiment for analysis in analyses])
     for index, analysis in enumerate(analyses, start=1):
         blocks += experiment_blocks(analysis, f"experiment-{index}", targets, figures, flips)
     return Document(TITLE, tuple(blocks))
@@ -114,7 +118,22 @@ def _decisions(analyses: list[Analysis], targets: tuple[float, ...]) -> list[Blo
     ]
 
 
-def _gate_blocks(verdicts: list[Verdict]) -> list[Block]:
+def _gate_blocks(verdicts: list[Verdict | EngineVerdict]) -> list[Block]:
+    """The gates' verdicts: a table of retention gates, and one of engine gates, where there are any."""
+    from snapeval.commands.gate import Verdict
+
+    retention = [v for v in verdicts if isinstance(v, Verdict)]
+    engine = [v for v in verdicts if not isinstance(v, Verdict)]
+    passed = sum(v.passed for v in verdicts)
+    return [
+        Heading(2, "Accuracy gates", "gates"),
+        Paragraph(f"{passed} of {len(verdicts)} gates pass on the stored samples (nothing was run)."),
+        *([_retention_gates(retention)] if retention else []),
+        *(engine_gate_blocks(engine) if engine else []),
+    ]
+
+
+def _retention_gates(verdicts: list[Verdict]) -> Table:
     rows = tuple(
         (
             v.gate.name,
@@ -138,9 +157,4 @@ def _gate_blocks(verdicts: list[Verdict]) -> list[Block]:
         "95% lower bound",
         "Cache",
     )
-    passed = sum(v.passed for v in verdicts)
-    return [
-        Heading(2, "Accuracy gates", "gates"),
-        Paragraph(f"{passed} of {len(verdicts)} gates pass on the stored samples (nothing was run)."),
-        Table(header, rows),
-    ]
+    return Table(header, rows)

@@ -1,6 +1,7 @@
 """How often the decisions are wrong, by simulation: paired scores drawn from a known truth, judged by the
 project's own rule (:func:`snapeval.stats.retention`), ladder (:func:`snapeval.stats.smallest_kept`) and
-budget search (:func:`snapeval.commands.search.search`).
+budget search (:func:`snapeval.commands.search.search`); and how often an engine is flagged "compression
+not applied?" (:func:`flag_rate`, the test of :class:`snapeval.stats.agreement.Unchanged`).
 
 The truth: the full cache is right with probability ``full_accuracy``; on a sample it got right the method
 keeps the answer with probability ``keep``; on one it missed the method is right with probability ``gain``.
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from snapeval.stats.agreement import Unchanged
 from snapeval.stats.ladder import smallest_kept
 from snapeval.stats.retention import CONFIDENCE, retention
 
@@ -132,3 +134,25 @@ def _fewest_kept_to_pass(right: int, n: int, target: float) -> int | None:
         middle = (low + high) // 2
         low, high = (low, middle) if passes(middle) else (middle, high)
     return high
+
+
+def flag_rate(
+    n: int,
+    reference_only: float,
+    engine_only: float,
+    both: float,
+    trials: int,
+    seed: int,
+    confidence: float = CONFIDENCE,
+) -> float:
+    """The share of ``trials`` of ``n`` samples flagged "compression not applied?" when, per sample, only
+    snapeval's reference changes its answer (against its full cache) with probability ``reference_only``,
+    only the engine with ``engine_only``, and both with ``both``."""
+    draw = np.random.default_rng(seed).random((trials, n))
+    reference = draw < both + reference_only
+    engine = (draw < both) | ((draw >= both + reference_only) & (draw < both + reference_only + engine_only))
+    flagged = [
+        Unchanged(int(changed), int(reference_changed), n, confidence).flagged
+        for changed, reference_changed in zip(engine.sum(axis=1), reference.sum(axis=1), strict=True)
+    ]
+    return float(np.mean(flagged))
