@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from snapeval.configs.backend import ARGUMENTS_KEY
+from snapeval.configs.backend import QUOTED_KEYS
 from snapeval.paths import CONF_DIR
 from tests.families import FAMILIES
 
@@ -75,7 +75,7 @@ def configured(config: dict, override: str) -> bool:
         if not isinstance(config, dict) or part not in config:
             return False
         config = config[part]
-    if key == ARGUMENTS_KEY:  # lm-eval's k=v,k=v: one value, never a multirun list
+    if key in QUOTED_KEYS:  # lm-eval's k=v,k=v, a serve command: one value, never a multirun list
         return config == value
     return any(str(config) == choice or config == yaml.safe_load(choice) for choice in value.split(","))
 

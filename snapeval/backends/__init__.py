@@ -1,7 +1,9 @@
 """Who answers a run's requests: snapeval's own engine (the continuous batcher, :mod:`snapeval.decode`)
 or a deployed engine through lm-eval's clients (:mod:`snapeval.backends.lm_eval`). Both take the same
 :class:`~snapeval.decode.continuous.Request` and give the same :class:`~snapeval.decode.continuous.Answer`,
-so that the runner stores, scores and compares their answers alike.
+so that the runner stores, scores and compares their answers alike. A deployed engine's server may be
+started by snapeval for each cache setting (``engine.serve``: :mod:`snapeval.backends.serve`); what the
+engine is, is stored with each of its runs (:mod:`snapeval.backends.identity`).
 """
 
 from __future__ import annotations

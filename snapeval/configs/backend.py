@@ -9,6 +9,7 @@ is refused; lm-eval's clients read keys from their environment variables. Standa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,17 +75,20 @@ def client_arguments(value: str | None) -> dict[str, str]:
     return {**TEXT_PROMPTS, **backend_arguments(value)}
 
 
-ARGUMENTS_KEY = "model.backend_args"
+QUOTED_KEYS = ("model.backend_args", "engine.serve")
+"""Overrides whose values are written as their tools write them (``k=v,k=v``; a command with ``{port}``),
+which Hydra's grammar would read as its own (``=``, ``,`` a sweep, ``{`` a mapping)."""
 
 
 def quote_arguments(overrides: Sequence[str]) -> list[str]:
-    """``overrides`` with ``model.backend_args=k=v,k=v`` quoted for Hydra, whose grammar would read its
-    ``=`` and ``,`` as its own (a sweep); one already quoted is left as it is."""
+    """``overrides`` with the values of :data:`QUOTED_KEYS` quoted for Hydra (a quote, and a backslash
+    before one or at the end, escaped); one already quoted is left as it is."""
     quoted = []
     for override in overrides:
         key, equals, value = override.partition("=")
-        if key.lstrip("+") == ARGUMENTS_KEY and equals and value[:1] not in ("'", '"', ""):
-            escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+        if key.lstrip("+") in QUOTED_KEYS and equals and value[:1] not in ("'", '"', ""):
+            escaped = re.sub(r"(\\*)'", lambda match: match[1] * 2 + "\\'", value)
+            escaped = re.sub(r"(\\+)$", lambda match: match[1] * 2, escaped)
             override = f"{key}='{escaped}'"
         quoted.append(override)
     return quoted

@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from snapeval.configs.engine import EngineConfig
 from snapeval.configs.fields import (
     MAX_LEASE_S,
     Checked,
@@ -168,6 +169,7 @@ class Config(Checked):
     job: str = setting("evaluate", check=choice("evaluate", "memory", "search"), stored=False)
     seed: int = setting(0, check=integer(low=0))
     run: RunConfig = setting(RunConfig, hashed=False)
+    engine: EngineConfig = setting(EngineConfig, stored=False, help="a server started per setting")
     generation: GenerationConfig = setting(GenerationConfig)
     task: TaskConfig = setting(MISSING)
     model: ModelConfig = setting(MISSING)

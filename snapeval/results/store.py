@@ -107,6 +107,11 @@ class ResultsDB(RunLedger):
             conn.execute(delete(claims).where(claim))
         return inserted
 
+    def record_engine(self, run_ids: Iterable[int], engine: Mapping[str, Any]) -> None:
+        """Store the identity of the deployed engine that answers the runs ``run_ids``."""
+        with self.engine.begin() as conn:
+            conn.execute(update(runs).where(runs.c.id.in_(list(run_ids))).values(engine=dict(engine)))
+
     def migrate(self) -> int:
         """Bring every stored config to today's keys (:func:`~snapeval.results.identity.upgraded`) and
         re-key its run and samples by the new hash (a sample already stored under the new hash wins);

@@ -1,17 +1,20 @@
 """Generating, scoring and storing a run's missing samples: the steps of one execution of a plan.
 
 :class:`Evaluation` loads the model, then, group by group (every setting of a grid together, or each
-alone when ``grid.share_prefill`` is false), queues a request per (prompt, point) still to do, claims
-them in the database as the batcher frees rows (:class:`snapeval.run.workers.ClaimingFeed`), queues a
-two-pass task's answer call as soon as its first call ends, and scores and commits each sample the
-moment its last call ends (a compressed point's sample waits for the full cache's output of the same
-sample when that is being computed too: its fidelity needs it).
+alone when ``grid.share_prefill`` is false or a deployed engine answers, each setting then with its own
+server where ``engine.serve`` starts one: :mod:`snapeval.backends.serve`), queues a request per
+(prompt, point) still to do, claims them in the database as the batcher frees rows
+(:class:`snapeval.run.workers.ClaimingFeed`), queues a two-pass task's answer call as soon as its first
+call ends, and scores and commits each sample the moment its last call ends (a compressed point's sample
+waits for the full cache's output of the same sample when that is being computed too: its fidelity
+needs it).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -21,7 +24,9 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from snapeval.backends import Answerer
+from snapeval.backends.identity import engine_identity
 from snapeval.backends.lm_eval import LmEvalAnswerer, make_client
+from snapeval.backends.serve import log_path, served
 from snapeval.cache import install
 from snapeval.cli.world import writing_rank
 from snapeval.configs.backend import lm_eval_model
@@ -107,6 +112,7 @@ class Evaluation:
         self.reference = {row["sample_id"]: row["output"] for row in db.samples_for(digest)}
         self.full = next((point for point in points if point.digest == digest), None)
         self.awaiting: dict[str, list[tuple[Point, Prompt, Calls]]] = defaultdict(list)
+        self.ports: set[int] = set()  # of the servers engine.serve started: a point never reuses one
         label = points[0].config["cache"]["method"] if len(points) == 1 else f"{len(points)} cache settings"
         self.progress = tqdm(
             total=sum(len(point.todo) for point in points),
@@ -117,25 +123,42 @@ class Evaluation:
     def run(
         self, prompts: list[Prompt], lease_s: float, between_steps: Callable[[], None] | None = None
     ) -> None:
-        """Generate, score and store every missing (prompt, point), group by group; ``between_steps``
-        before each decode step (:meth:`snapeval.run.signals.Stops.check`)."""
-        groups = [self.points] if shares_prefill(self.cfg) else [[point] for point in self.points]
-        most = max(sum(prompt.id in point.todo for prompt in prompts for point in group) for group in groups)
-        batcher = self.answerer(most)
+        """Generate, score and store every missing (prompt, point), group by group (a deployed engine's
+        settings one by one, each its own server); ``between_steps`` before each decode step
+        (:meth:`snapeval.run.signals.Stops.check`)."""
+        together = shares_prefill(self.cfg) and self.remote is None
+        groups = [self.points] if together else [[point] for point in self.points]
         with self.progress:  # closed before an error is reported, so its line comes last
+            if self.remote is not None:
+                for [point] in groups:
+                    if any(prompt.id in point.todo for prompt in prompts):
+                        with self.engine(point) as answerer:
+                            self.run_group(answerer, [point], prompts, lease_s, between_steps)
+                return
+            most = max(sum(prompt.id in p.todo for prompt in prompts for p in group) for group in groups)
+            batcher = self.batcher(most)
             for group in groups:
                 self.run_group(batcher, group, prompts, lease_s, between_steps)
 
-    def answerer(self, most: int) -> Answerer:
-        """Who answers: snapeval's batcher in as many rows as the requests need (at most ``most``), or the
-        deployed engine's lm-eval client."""
-        if self.remote is not None:
-            client = make_client(self.remote, self.cfg["model"].get("backend_args"))
-            stops = getattr(self.task, "stop", ())
-            return LmEvalAnswerer(client, self.tokenizer, stops, self.cfg["run"]["batch_size"])
+    def batcher(self, most: int) -> Answerer:
+        """snapeval's batcher, in as many rows as the requests need (at most ``most``)."""
         run = self.cfg["run"]
         rows = usable_rows(run["batch_size"], most)  # rows beyond the requests stay idle
         return ContinuousBatcher(self.model, rows, run["compile"], decode_attention=run["decode_attention"])
+
+    @contextmanager
+    def engine(self, point: Point) -> Iterator[Answerer]:
+        """The deployed engine's lm-eval client for ``point``: its server started for it (``engine.serve``)
+        and stopped after it, the engine's identity stored with its run."""
+        log = log_path(self.db.url, point.digest, point.run_id)
+        with served(self.cfg, point.config["cache"], log, self.ports) as engine:
+            backend = str(self.cfg["model"]["backend"])
+            log_name = None if engine.log is None else str(engine.log)
+            identity = engine_identity(backend, engine.backend_args, engine.command, log_name, engine.models)
+            self.db.record_engine([point.run_id], identity)
+            client = make_client(self.remote, engine.backend_args)
+            stops = getattr(self.task, "stop", ())
+            yield LmEvalAnswerer(client, self.tokenizer, stops, self.cfg["run"]["batch_size"])
 
     def run_group(
         self,

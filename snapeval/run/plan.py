@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from snapeval.backends.reach import check_reachable
 from snapeval.configs.check import check
+from snapeval.configs.engine import check_engine, serve_template
 from snapeval.configs.fields import count_error, is_name, model_configs, model_entry
 from snapeval.configs.grid import grid_points, skipped_options
 from snapeval.configs.methods import draft_names, missing_extra
@@ -88,7 +89,8 @@ def check_inputs(config: dict[str, Any]) -> Inputs:
     check_extras(config)
     settings = tuple(grid_points(config))
     check_draft_names([setting["cache"] for setting in settings])
-    if config["model"].get("backend"):  # a deployed engine answers: its address first
+    check_engine(config, [setting["cache"] for setting in settings])  # engine.serve's command and fields
+    if config["model"].get("backend") and serve_template(config) is None:  # a deployed engine: its address
         check_reachable(config["model"].get("backend_args"))
     folder = check_model_folder(config["model"])
     check_positions(config, task, rows, trained_positions(config["model"], folder))
