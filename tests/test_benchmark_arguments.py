@@ -52,6 +52,11 @@ CASES = [
     ),
     *[("gpu", [flag, "0"], f"{flag}: {AT_LEAST_1}") for flag in ("--contexts", "--budgets", "--full-rows")],
     ("gpu", ["--steps", "1"], "--steps: must be >= 2, got 1"),
+    *[
+        ("engines", [flag, "0"], f"{flag}: {AT_LEAST_1}")
+        for flag in ("--prompts", "--max-new-tokens", "--concurrency", "--threads", "--server-threads")
+    ],
+    ("engines", ["--length", "100"], "--length: must be >= 256, got 100"),
     ("gpu", ["--steps", "5", "--profile", "profiles"], "--steps: must be >= 6 with --profile, got 5"),
     (
         "gpu",
