@@ -1,5 +1,6 @@
 """``python -m snapeval [overrides]``: the front door. Thin: compose the config once, check it into a run
-plan, hand it to the runner, print its table (:func:`snapeval.results.tables.run_table`); Hydra starts
+plan (:mod:`snapeval.commands.evaluate`, shared with :func:`snapeval.evaluate`), hand it to the runner,
+print its table (:func:`snapeval.results.tables.run_table`); Hydra starts
 only a sweep (``-m``), whose jobs each compose their own point.
 
 A wrong group option (``task=nope``) or field (``seed=abc``, ``+cache.budgt=5``), a database that cannot
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import hydra
@@ -26,27 +25,18 @@ from omegaconf import DictConfig
 from snapeval.cli import EXIT_BAD_INPUT, error_line, keep_interrupts, report
 from snapeval.cli.launch import launch, split_nproc
 from snapeval.cli.world import writing_rank
+from snapeval.commands.evaluate import Checked, check_job, composed_job
 from snapeval.configs import legacy
 from snapeval.configs.backend import quote_arguments
-from snapeval.configs.check import check, check_choices
-from snapeval.configs.compose import compose_job, plain
+from snapeval.configs.check import check_choices
+from snapeval.configs.compose import plain
 from snapeval.errors import SnapevalError
 from snapeval.paths import CONF_DIR
-from snapeval.run.plan import RunPlan, check_inputs, make_plan
+from snapeval.run.plan import RunPlan
 
 SILENT_HYDRA = ("hydra/hydra_logging=disabled", "hydra/job_logging=disabled")
 """What a rank other than 0 runs Hydra with: rank 0 alone says what a sweep launches, and keeps its
 record (``hydra.sweep.dir``)."""
-
-
-@dataclass(frozen=True)
-class Checked:
-    """A single job, checked before it starts: its config, composed once, and its run plan (None for a
-    memory job or a budget search, which plan their own work)."""
-
-    config: dict[str, Any]
-    plan: RunPlan | None
-    created: Path | None = None  # the database file this command created: removed if it ends refused
 
 
 def main(checked: Checked | None = None) -> None:
@@ -114,40 +104,15 @@ def run_job(config: dict[str, Any], plan: RunPlan | None, multirun: bool) -> int
 
 
 def check_before_hydra(overrides: list[str]) -> Checked | None:
-    """A single job, composed once and checked (an evaluation into its run plan) before it starts; its
-    Hydra settings (``hydra.job.name=x``) have nothing to set without Hydra. None for a sweep (``-m``)
-    or Hydra flags, and for an experiment that sweeps, which go to Hydra once every override parses and
-    names existing options (each job checks its point). A search's every budget is checked here."""
-    check_choices(overrides)
+    """A single job, composed once and checked (an evaluation into its run plan) before it starts
+    (:mod:`snapeval.commands.evaluate`, the path :func:`snapeval.evaluate` takes too); its Hydra settings
+    (``hydra.job.name=x``) have nothing to set without Hydra. None for a sweep (``-m``) or Hydra flags,
+    and for an experiment that sweeps, which go to Hydra once every override parses and names existing
+    options (each job checks its point). A search's every budget is checked here."""
     if any(o.startswith("-") for o in overrides):
+        check_choices(overrides)
         return None
-    config, sweep = compose_job(*(o for o in overrides if not is_hydra_setting(o)))
-    evaluates = config["job"] == "evaluate"
-    inputs = check_inputs(config) if evaluates else check(config)  # before torch: fields, task, data
-    if config["job"] == "search":
-        from snapeval.commands.search import check_search
-
-        check_search(config)  # every budget it may try planned as it would run
-    from snapeval.results import ResultsDB  # the database opens (or fails on run.db) in a second
-    from snapeval.results.created import new_sqlite_file, remove_unused
-
-    created = None
-    if writing_rank():  # torchrun's other ranks open no database
-        created = new_sqlite_file(config["run"]["db"])
-        ResultsDB(config["run"]["db"]).close()
-    if sweep:  # an experiment that sweeps (Hydra's mode: MULTIRUN): each job checks its point
-        return None
-    try:
-        return Checked(config, make_plan(inputs) if evaluates else None, created)
-    except BaseException:  # a refusal (or Ctrl-C) leaves no database it created
-        remove_unused(created)
-        raise
-
-
-def is_hydra_setting(override: str) -> bool:
-    """Whether ``override`` sets Hydra's own config (``hydra.job.name=x``, ``hydra/launcher=joblib``)."""
-    key = override.lstrip("+~").partition("=")[0]
-    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+    return check_job(*composed_job(overrides))
 
 
 def interrupted(exc: KeyboardInterrupt) -> int:

@@ -105,6 +105,7 @@ COUPLINGS = (
     Coupling("lm_eval", "lm_eval.api.registry", "register_model", "registers the lm-eval model"),
     Coupling("lm_eval", "lm_eval.api.registry", "model_registry", "lazy registration by the .pth plugin"),
     Coupling("lm_eval", "lm_eval.models", "__name__", "the module whose import the .pth plugin watches"),
+    Coupling("lm_eval", "lm_eval.tasks", "TaskManager.__init__", "the .pth plugin adds snapeval's tasks"),
     Coupling("lm_eval", "lm_eval.tasks.aime.utils", "process_results", "the lm_eval AIME scorer"),
     Coupling("lm_eval", "lm_eval.api.registry", "get_model", "model.backend: an lm-eval client by name"),
     Coupling("lm_eval", "lm_eval.api.instance", "Instance", "model.backend: a request to the client"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -15,17 +16,39 @@ from pathlib import Path
 
 import pytest
 
+from snapeval.commands.lm_eval_tasks import take_in_tasks, with_snapeval_tasks
 from snapeval.paths import LM_EVAL_TASKS_DIR
 
 from .paths import SHARED_DATA, needs_shared_data
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def fresh_python(code: str, cwd: Path) -> str:
+    return in_venv(sys.executable, code, cwd)
+
+
+def in_venv(python: str, code: str, cwd: Path) -> str:
+    """What ``python -c code`` prints, run in ``cwd``."""
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=300, check=False
+        [python, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip()
+
+
+def built_wheel(folder: Path) -> Path:
+    """``pip wheel .`` of the checkout into ``folder``, offline (the build backend of this environment)."""
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", folder, ROOT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    [wheel] = folder.glob("snapeval-*.whl")
+    return wheel
 
 
 def lm_eval_executable() -> str:
@@ -47,32 +70,12 @@ def test_a_regular_wheel_carries_the_configs_and_task_definitions_apart_from_the
     """``pip install .`` (not editable): ``conf/`` and the top-level ``tasks/`` travel inside the package,
     the definitions as ``snapeval/lm_eval_tasks`` (``snapeval/tasks`` is the Python package of task
     modules), and :mod:`snapeval.paths` finds both from outside any checkout."""
-    root = Path(__file__).resolve().parents[1]
-    built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            tmp_path,
-            root,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr[-3000:]
-    [wheel] = tmp_path.glob("snapeval-*.whl")
+    wheel = built_wheel(tmp_path)
     installed = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(installed)
     definitions = sorted(p.name for p in (installed / "snapeval/lm_eval_tasks").iterdir())
-    assert definitions == sorted(p.name for p in (root / "tasks").iterdir() if p.is_file())
+    assert definitions == sorted(p.name for p in (ROOT / "tasks").iterdir() if p.is_file())
     assert "snapeval_aime24.yaml" in definitions and "utils.py" in definitions
     assert not list((installed / "snapeval/tasks").glob("*.yaml"))  # the modules' package stays apart
     assert (installed / "snapeval_lm_eval.pth").is_file()
@@ -99,13 +102,94 @@ def test_a_regular_wheel_carries_the_configs_and_task_definitions_apart_from_the
     ]
 
 
+@pytest.mark.slow  # a wheel installed, then lm-eval's CLI end to end (.ci/run runs it)
+def test_lm_evals_cli_finds_an_installed_wheels_tasks_from_another_folder(tmp_path, tiny_llama_folder):
+    """``pip install .`` (not editable) into a fresh environment, then ``lm_eval --model snapeval --tasks
+    snapeval_ruler_niah_single`` from a folder that is no checkout: no ``--include_path``."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    purelib = Path(in_venv(python, "import sysconfig; print(sysconfig.get_path('purelib'))", tmp_path))
+    # this environment's packages (torch, lm-eval, ...) on its path, not its .pth files: not the
+    # checkout's editable install, nor its start-up hook
+    (purelib / "_dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    pip = [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q"]
+    subprocess.run([*pip, built_wheel(tmp_path)], check=True, timeout=300)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(
+        [
+            python,
+            "-m",
+            "lm_eval",
+            "--model",
+            "snapeval",
+            "--model_args",
+            f"pretrained={tiny_llama_folder},method=snapstream,budget=96,window=16,kernel=5",
+            "--tasks",
+            "snapeval_ruler_niah_single",
+            "--metadata",
+            '{"context_length": 256}',
+            "--limit",
+            "2",
+            "--output_path",
+            "out",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [results_file] = (elsewhere / "out").rglob("results_*.json")
+    results = json.loads(results_file.read_text())
+    assert 0.0 <= results["results"]["snapeval_ruler_niah_single"]["score,none"] <= 1.0
+    tasks_dir = in_venv(python, "import snapeval.paths as p; print(p.LM_EVAL_TASKS_DIR)", elsewhere)
+    assert tasks_dir == str(purelib / "snapeval" / "lm_eval_tasks")  # the wheel's, not the checkout's
+
+
+def test_in_a_fresh_interpreter_lm_evals_task_manager_takes_in_snapevals_tasks(tmp_path):
+    """Once ``lm_eval.tasks`` loads, its ``TaskManager``, the one lm-eval's commands and
+    ``simple_evaluate`` build, indexes snapeval's tasks too (on lm-eval's own, lm-eval's first)."""
+    out = fresh_python(
+        "import lm_eval.tasks, lm_eval.evaluator\n"
+        "manager = lm_eval.tasks.TaskManager\n"
+        "print(manager is lm_eval.evaluator.TaskManager, manager.__init__.takes_in_snapeval)\n",
+        tmp_path,
+    )
+    assert out == "True True"
+
+
+class Recorder:
+    """A stand-in of lm-eval's ``TaskManager`` that records the folders it is handed (indexing lm-eval's
+    thousands of tasks takes half a minute)."""
+
+    def __init__(self, verbosity=None, include_path=None, include_defaults=True, metadata=None):
+        self.handed = (include_path, include_defaults)
+
+
+def test_snapevals_tasks_go_first_once_and_only_beside_lm_evals_own():
+    """Snapeval's folder first, so that a folder the user names overrides its tasks; once, however the
+    user spells it; none when lm-eval's own defaults are off."""
+    ours = str(LM_EVAL_TASKS_DIR.resolve())
+    spelled = LM_EVAL_TASKS_DIR / ".." / LM_EVAL_TASKS_DIR.name
+    assert with_snapeval_tasks(None) == [ours]
+    assert with_snapeval_tasks(["a", str(spelled), Path("b")]) == [ours, "a", Path("b")]
+    take_in_tasks(Recorder)
+    take_in_tasks(Recorder)  # once
+    assert Recorder().handed == ([ours], True)
+    assert Recorder(include_path="mine").handed == ([ours, "mine"], True)
+    assert Recorder(None, "mine", False).handed == ("mine", False)
+
+
 def test_start_up_hook_imports_nothing_heavy(tmp_path):
     out = fresh_python(
         "import sys\n"
-        "from snapeval.commands.lm_eval_plugin import LmEvalModelsFinder\n"
+        "from snapeval.commands.lm_eval_plugin import LmEvalFinder\n"
         "modules = ('torch', 'lm_eval', 'snapeval.commands.lm_eval_model')\n"
         "print(sorted(m for m in modules if m in sys.modules),\n"
-        "      sum(isinstance(f, LmEvalModelsFinder) for f in sys.meta_path))",
+        "      sum(isinstance(f, LmEvalFinder) for f in sys.meta_path))",
         tmp_path,
     )
     assert out == "[] 1"
@@ -140,8 +224,6 @@ def test_lm_eval_cli_evaluates_a_task_under_snapeval(request, tmp_path, task, ex
             "snapeval",
             "--model_args",
             f"pretrained={pretrained},method=snapstream,budget=96,window=16,kernel=5",
-            "--include_path",
-            str(LM_EVAL_TASKS_DIR),
             "--tasks",
             task,
             *extra_args,
@@ -180,8 +262,6 @@ def test_a_bad_model_argument_under_the_lm_eval_cli_is_one_line(tmp_path):
             "snapstream",
             "--model_args",
             "pretrained=smollm2-135m,method=nope",
-            "--include_path",
-            str(LM_EVAL_TASKS_DIR),
             "--tasks",
             "snapeval_ruler_passkey",
             "--limit",

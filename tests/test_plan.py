@@ -12,6 +12,7 @@ import pytest
 
 import snapeval.__main__ as front_door
 from snapeval import models, tasks
+from snapeval.commands import evaluate
 from snapeval.configs import compose
 from snapeval.configs.compose import compose_config
 from snapeval.results import ResultsDB
@@ -38,8 +39,8 @@ def test_the_front_door_checks_a_run_once(monkeypatch, tmp_path, tiny_llama_over
     counting(monkeypatch, counts, hydra, "main")
     counting(monkeypatch, counts, plan, "check")
     counting(monkeypatch, counts, tasks, "load_task")
-    counting(monkeypatch, counts, front_door, "check_inputs")
-    counting(monkeypatch, counts, front_door, "make_plan")
+    counting(monkeypatch, counts, evaluate, "check_inputs")  # the path the front door shares
+    counting(monkeypatch, counts, evaluate, "make_plan")
     counting(monkeypatch, counts, runner, "make_plan")  # the runner's own planning: not called
     models._read_config.cache_clear()
     overrides = [*tiny_llama_overrides, "run.limit=2", "task.context_length=256", "task.max_new_tokens=4"]

@@ -3,7 +3,7 @@
 Each definition names the task's generation length and stop strings (``max_new_tokens`` and ``stop`` of
 ``conf/task/<task>.yaml``), metrics and system message (its :class:`~snapeval.tasks.base.Task` class),
 and delegates everything else to ``tasks/utils.py``, which builds the same task from the registry. So a
-setting lives in one place, and ``lm_eval --include_path tasks --tasks snapeval_<task>`` scores as
+setting lives in one place, and ``lm_eval --tasks snapeval_<task>`` (the start-up hook indexes them) scores as
 ``python -m snapeval task=<task>`` does. Regenerate after changing a task or its config::
 
     python -m snapeval.tasks.lm_eval_export            # write
