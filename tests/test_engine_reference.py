@@ -143,6 +143,14 @@ def test_the_pairing_takes_the_samples_all_four_runs_stored():
     assert (pairing.n, pairing.engine_accuracy, pairing.reference_accuracy) == (40, 33 / 40, 32 / 40)
     assert pairing.agreement.same == 37 and not pairing.flagged
     assert (pairing.unchanged.changed, pairing.unchanged.reference_changed) == (7, 8)
+    for missing in range(4):  # a sample one full cache or setting lacks leaves every number
+        runs = [
+            {str(k): v for k, v in a.items() if k != 6 or i != missing}
+            for i, a in enumerate(RUNS[APPLIES] + RUNS[None])
+        ]
+        [engine_full, engine, reference_full, reference] = runs
+        fewer = pair_engine(engine, reference, engine_full, reference_full)
+        assert (fewer.n, fewer.agreement.same, fewer.unchanged.reference_changed) == (39, 37, 7)
 
 
 def test_the_section_pairs_each_engine_setting_with_snapevals(document):
