@@ -8,7 +8,8 @@ requests, and the run is stored as any other.
 * ``model.backend`` enters the config hash (an engine's answers are not snapeval's); a run that leaves it
   unset keeps today's hash; ``model.backend_args`` is stored but not hashed, and a secret in it is refused.
 * The real engine: llama.cpp's OpenAI-compatible server (``llama-cpp-python[server]``, slow: ``.ci/run``
-  installs and runs it) serving the embedded GGUF, through lm-eval's ``local-completions``.
+  installs and runs it) serving the embedded GGUF, through lm-eval's ``local-completions``: started by
+  the test, or by snapeval itself from ``engine.serve`` (then stored with the run and stopped after it).
 """
 
 from __future__ import annotations
@@ -166,6 +167,43 @@ def test_the_embedded_model_served_by_llama_cpp_answers_through_local_completion
         rows = connection.execute("SELECT output, score, generated_tokens FROM samples").fetchall()
     assert len(rows) == 3 and all(output.strip() for output, _, _ in rows), rows
     assert sum(score for _, score, _ in rows) >= 2, rows  # SmolLM2 finds a 1k passkey (snapeval: 10 of 10)
+
+
+@pytest.mark.slow  # .ci/run installs llama-cpp-python[server] and runs it
+def test_engine_serve_starts_llama_cpp_for_the_run_stores_it_and_leaves_no_server(tmp_path):
+    """The issue's command with ``engine.serve``: snapeval starts llama.cpp's server on a port it picks,
+    evaluates 3 passkeys at 1k through it, stores the backend and the server's identity, and stops it."""
+    pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed")
+    import psutil
+
+    from snapeval.models import resolve_pretrained
+
+    gguf = Path(resolve_pretrained(SMOLLM2.pretrained)) / SMOLLM2.gguf_file
+    serve = (
+        f"{sys.executable} -m llama_cpp.server --model {gguf} --n_ctx 2048 --host 127.0.0.1 --port {{port}}"
+    )
+    db = tmp_path / "served.db"
+    command = [sys.executable, "-m", "snapeval", "model.backend=lm_eval:local-completions"]
+    command += ["model.backend_args=base_url=http://127.0.0.1:{port}/v1/completions,model=smollm2"]
+    command += [f"engine.serve={serve}", "task=ruler_passkey", "task.context_length=1024", "run.limit=3"]
+    command += ["run.progress=false", f"run.db={db}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=2 * TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with sqlite3.connect(db) as connection:
+        [(config, engine)] = connection.execute("SELECT config, engine FROM runs").fetchall()
+        scores = [score for (score,) in connection.execute("SELECT score FROM samples")]
+    assert json.loads(config)["model"]["backend"] == "lm_eval:local-completions"
+    engine = json.loads(engine)
+    port = int(re.search(r"--port (\d+)$", engine["serve"])[1])
+    assert engine["serve"] == serve.replace("{port}", str(port))
+    assert engine["backend_args"] == f"base_url=http://127.0.0.1:{port}/v1/completions,model=smollm2"
+    assert engine["models"]["data"][0]["id"] == str(gguf) and engine["server"] == "uvicorn"
+    assert "Application shutdown complete" in Path(engine["log"]).read_text()  # stopped by SIGTERM
+    assert len(scores) == 3 and sum(scores) >= 2, scores
+    left = [
+        p for p in psutil.process_iter(["cmdline"]) if f"--port {port}" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert left == []
 
 
 def test_an_unreachable_engine_is_refused_in_one_line_before_torch(torch_refused, tmp_path):
