@@ -169,8 +169,8 @@ class ServedEngine:
             time.sleep(POLL_S)
 
     def stop(self) -> None:
-        """SIGTERM to the server's process group, SIGKILL after :data:`STOP_GRACE_S`; idempotent."""
-        atexit.unregister(self.stop)
+        """SIGTERM to the server's process group, SIGKILL after :data:`STOP_GRACE_S`; idempotent (a stop
+        that Ctrl-C cuts short is done again at exit)."""
         if self.process is None:
             return
         group = self.process.pid
@@ -181,6 +181,7 @@ class ServedEngine:
         with suppress(ProcessLookupError):  # what of the group is left: the leader, or its children
             os.killpg(group, signal.SIGKILL)
         self.process.wait()
+        atexit.unregister(self.stop)
 
     def tail(self) -> str:
         """The log's path and its last :data:`TAIL_LINES` lines, on one line."""
