@@ -32,6 +32,11 @@ MOE_TENSOR_PARALLEL = "5.24.0"
 GPT-OSS on 2 gloo ranks: tests/test_tensor_parallel.py); at 5.2.0 Qwen3-MoE's TP answers differ from
 its one-device answers and GPT-OSS does not load on CPU. Releases between are untested."""
 
+EXPERT_PARALLEL = "5.24.0"
+"""The first transformers whose ``DistributedConfig`` takes ``ep_size``, placing a mixture's experts by
+its family's ``base_model_ep_plan`` (``model.tp_style=ep``); before it, ``enable_expert_parallel``
+took the TP plan's expert rules instead. Releases between are untested."""
+
 CACHE_PARAMETERS = ("cache", "past_key_values")
 """The names under which transformers hands a cache to a model and its attention modules: ``cache`` from
 5.24 on, ``past_key_values`` before (a deprecated alias from 5.24, to go in 5.40)."""
@@ -100,6 +105,32 @@ COUPLINGS = (
         "DeepseekV3Attention.expand_kv",
         "MLA: expanded by the snapeval attention at prefill, absorbed at decode",
         since=MLA_LATENT_CACHE,
+    ),
+    Coupling(
+        "transformers",
+        "transformers",
+        "DeepseekV3Config.base_model_tp_plan",
+        "model.tp: what a family's TP plan splits (MLA attention whole), its refusals, the weights per rank",
+    ),
+    Coupling(
+        "transformers",
+        "transformers.models.auto.configuration_auto",
+        "CONFIG_MAPPING",
+        "the memory estimator: a family's TP plan from its model_type",
+    ),
+    Coupling(
+        "transformers",
+        "transformers",
+        "DeepseekV3Config.base_model_ep_plan",
+        "model.tp_style=ep: whether a family has an expert-parallel plan",
+        since=EXPERT_PARALLEL,
+    ),
+    Coupling(
+        "transformers",
+        "transformers.distributed",
+        "DistributedConfig",
+        "model.tp_style=ep: its ep_size places experts by the EP plan across the ranks",
+        since=EXPERT_PARALLEL,
     ),
     Coupling("lm_eval", "lm_eval.api.model", "LM", "base of the lm-eval model"),
     Coupling("lm_eval", "lm_eval.api.registry", "register_model", "registers the lm-eval model"),

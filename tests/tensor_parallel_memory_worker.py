@@ -5,7 +5,8 @@ in a world of one, in the test's own process:
   different free-memory figure (:data:`FREE`): its decision, "fits" or the refusal's line;
 * on the tiny model saved in the folder it is given (when given), the bytes that rank's rows hold: every
   answer's stored ``kv_bytes_per_rank`` and ``kv_bytes`` (the whole row's) from continuous batcher rows
-  (:data:`SETTINGS`), and the check's ``row_bytes`` of the rank's cached shapes at each row's slots.
+  (:data:`SETTINGS`), and the check's ``row_bytes`` of the rank's cached shapes at each row's slots; and
+  the bytes of the rank's own share of the weights (``weights_bytes``).
 
 Each rank writes ``rank<r>.json``.
 
@@ -89,6 +90,7 @@ def row_figures(folder: str, world) -> dict:
     ContinuousBatcher(model, len(requests)).run(requests, lambda a: answers.__setitem__(a.request.tag, a))
     shapes = cached_shapes(model)
     return {
+        "weights_bytes": sum(local(parameter).nbytes for parameter in model.parameters()),
         "kv_heads": shapes.kv_heads,
         "kv_bytes_per_rank": {tag: answer.kv_bytes_per_rank for tag, answer in answers.items()},
         "kv_bytes": {tag: answer.kv_bytes for tag, answer in answers.items()},
@@ -98,6 +100,13 @@ def row_figures(folder: str, world) -> dict:
             for tag, request in zip(SETTINGS, requests, strict=True)
         },
     }
+
+
+def local(parameter: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of ``parameter`` (a DTensor under tensor parallel), or ``parameter`` itself."""
+    from torch.distributed.tensor import DTensor
+
+    return parameter.to_local() if isinstance(parameter, DTensor) else parameter
 
 
 def main(out: str, folder: str | None = None) -> dict:

@@ -2,10 +2,13 @@
 and, in a world of one, in the test's own process: every method on the one-by-one generator, the
 continuous batcher (each method alone, and every method in rows of one shared prefill), R-KV's
 decode-time eviction and sampled decoding (SnapStream; each rank draws from the same gathered logits), on
-the tiny models saved in the folders it is given. Each rank saves ``rank<r>.pt``: (family, method, path)
--> (tokens, the logits of every forward's last position).
+the tiny models saved in the folders it is given (MLA: every method but re-rotated sinks, which it
+refuses). Each rank saves ``rank<r>.pt``: ``runs``, (family, method, path) -> (tokens, the logits of every
+forward's last position), and ``kept``, (family, method) -> the positions every layer's cache holds after
+the prefill's selection and after decoding (R-KV's re-selections), on the one-by-one path.
 
-``python tests/tensor_parallel_worker.py OUT FOLDER...`` (under torchrun: ``--nproc-per-node 2``).
+``python tests/tensor_parallel_worker.py OUT [--style=ep] FOLDER...`` (under torchrun: ``--nproc-per-node
+2``; ``--style=ep``: the experts placed by the family's expert-parallel plan, ``model.tp_style=ep``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from snapeval.decode.generation import generate  # noqa: E402
 from snapeval.decode.sampling import Sampling  # noqa: E402
 from snapeval.errors import SnapevalError  # noqa: E402
 from snapeval.models.parallel import (  # noqa: E402
+    TP,
     check_tensor_parallel,
     end_together,
     init_process_group,
@@ -74,21 +78,42 @@ class LogitTap:
         return outputs
 
 
-def load(folder: str, world):
+def load(folder: str, world, style: str = TP):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    check_tensor_parallel(AutoConfig.from_pretrained(folder), world.size)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **tp_load_arguments(world))
+    check_tensor_parallel(AutoConfig.from_pretrained(folder), world.size, style)
+    arguments = tp_load_arguments(world, style)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **arguments)
     model.generation_config.eos_token_id = None  # random weights: always NEW_TOKENS tokens
     return install(model.eval())
 
 
-def run_family(model, settings: dict[str, dict]) -> dict[tuple[str, str], tuple[list, list]]:
-    """(method, path) -> (tokens, logits of every forward) on every path."""
-    tap, ids, runs = LogitTap(model), prompt(), {}
+def family_settings(model, settings: dict[str, dict]) -> dict[str, dict]:
+    """``settings`` less what ``model``'s family refuses: re-rotated sinks under MLA (its rotary key is
+    cached apart from the latent)."""
+    if not getattr(model.config, "kv_lora_rank", None):
+        return settings
+    return {method: params for method, params in settings.items() if not params.get("rerotate")}
+
+
+def held_positions(cache) -> list[list[list[int]]]:
+    """Each layer's held positions (heads x slots) of a one-row cache, in slot order."""
+    return [layer.positions[0].tolist() for layer in cache.layers]
+
+
+def run_family(model, settings: dict[str, dict]) -> tuple[dict, dict]:
+    """(method, path) -> (tokens, logits of every forward) on every path; method -> the positions held
+    after the prefill and after decoding (:func:`held_positions`)."""
+    tap, ids, runs, kept = LogitTap(model), prompt(), {}, {}
+    settings = family_settings(model, settings)
     for method, params in settings.items():
-        tokens = generate(model, ids, build_cache(params), NEW_TOKENS, set()).tokens
+        prefilled = build_cache(params)
+        generate(model, ids, prefilled, 1, set())  # the first token comes from the prefill alone
+        tap.take()
+        cache = build_cache(params)
+        tokens = generate(model, ids, cache, NEW_TOKENS, set()).tokens
         runs[method, "generate"] = (tokens, tap.take())
+        kept[method] = (held_positions(prefilled), held_positions(cache))
         (tokens,) = batch(model, [Request(tuple(ids), params, NEW_TOKENS, tag=method)])
         runs[method, "batcher"] = (tokens, tap.take())
     requests = [Request(tuple(ids), params, NEW_TOKENS, tag=m) for m, params in settings.items()]
@@ -98,7 +123,7 @@ def run_family(model, settings: dict[str, dict]) -> dict[tuple[str, str], tuple[
     runs["snapstream sampled", "generate"] = (tokens, tap.take())
     requests = [Request(tuple(ids), params, NEW_TOKENS, replace(SAMPLED, seed=s), tag=s) for s in (1, 2)]
     runs["snapstream sampled", "batcher rows"] = (batch(model, requests), tap.take())
-    return runs
+    return runs, kept
 
 
 def batch(model, requests: list[Request]) -> list[list[int]]:
@@ -108,16 +133,16 @@ def batch(model, requests: list[Request]) -> list[list[int]]:
     return [got[request.tag] for request in requests]
 
 
-def main(out: str, folders: list[str], settings: dict[str, dict] = SETTINGS) -> dict:
+def main(out: str, folders: list[str], settings: dict[str, dict] = SETTINGS, style: str = TP) -> dict:
     world = launcher_world()
     init_process_group(world)
     torch.manual_seed(0)
-    results = {}
+    results = {"runs": {}, "kept": {}}
     for folder in folders:
         family = Path(folder).name
-        model = load(folder, world)
-        for key, run in run_family(model, settings).items():
-            results[(family, *key)] = run
+        runs, kept = run_family(load(folder, world, style), settings)
+        results["runs"].update({(family, *key): run for key, run in runs.items()})
+        results["kept"].update({(family, method): held for method, held in kept.items()})
     Path(out).mkdir(parents=True, exist_ok=True)
     torch.save(results, Path(out) / f"rank{world.rank}.pt")
     return results
@@ -125,7 +150,9 @@ def main(out: str, folders: list[str], settings: dict[str, dict] = SETTINGS) -> 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
+    out, *folders = sys.argv[1:]
+    style = folders.pop(0).removeprefix("--style=") if folders[0].startswith("--style=") else TP
     try:
-        main(sys.argv[1], sys.argv[2:])
+        main(out, folders, style=style)
     except SnapevalError as error:
         end_together(error)

@@ -273,10 +273,15 @@ def test_llama_8b_on_one_h100_fits_three_full_128k_sequences():
     assert [tier.name for tier in result.tiers] == ["onchip", "hbm"]
 
 
+DEEPSEEK_WHOLE = 61 * 187_107_328 + 58 * 7168 * 256 + 123 * 7168
+"""Parameters every rank holds whole under DeepSeek-V3's TP plan: its MLA attention (61 layers), the
+routers of its 58 MoE layers and its norms; the rest (671B in all) is split."""
+
+
 def test_deepseek_bf16_weights_overflow_hbm_into_ddr_at_tp16():
     result = estimate("deepseek-r1", "sn40l", context=CONTEXT_128K, tp=16, budget=32_768)
     tiers = {tier.name: tier for tier in result.tiers}
-    weights = 671 * 10**9 * 2 // 16
+    weights = DEEPSEEK_WHOLE * 2 + (671 * 10**9 - DEEPSEEK_WHOLE) * 2 // 16
     assert result.weights_bytes_per_socket == weights
     assert tiers["hbm"].kv_available == 0
     assert tiers["ddr"].kv_available == 1_500 * 10**9 - (weights - 64 * 10**9)
@@ -288,9 +293,9 @@ def test_deepseek_bf16_weights_overflow_hbm_into_ddr_at_tp16():
 def test_fp8_deepseek_weights_leave_hbm_for_kv():
     result = estimate("deepseek-r1", "sn40l", context=CONTEXT_128K, tp=16, budget=32_768, weights_dtype="fp8")
     hbm = next(tier for tier in result.tiers if tier.name == "hbm")
-    assert hbm.kv_available == 64 * 10**9 - 671 * 10**9 // 16
-    assert hbm.max_sequences_full == hbm.kv_available // (DEEPSEEK_PER_TOKEN * CONTEXT_128K) == 2
-    assert hbm.max_sequences_compressed == hbm.kv_available // (DEEPSEEK_PER_TOKEN * 32_768) == 9
+    assert hbm.kv_available == 64 * 10**9 - (DEEPSEEK_WHOLE + (671 * 10**9 - DEEPSEEK_WHOLE) // 16)
+    assert hbm.max_sequences_full == hbm.kv_available // (DEEPSEEK_PER_TOKEN * CONTEXT_128K) == 1
+    assert hbm.max_sequences_compressed == hbm.kv_available // (DEEPSEEK_PER_TOKEN * 32_768) == 4
 
 
 def test_snapstream_preallocates_its_budget_but_snapkv_keeps_at_most_the_context():

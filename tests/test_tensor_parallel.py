@@ -9,7 +9,9 @@ loaded on one process.
   sampled decoding (the generator, and batcher rows of two seeds).
   Each method evicts (its logits move off the full cache's), so the equality is not that of full caches.
 * A head count the world does not divide is refused in one line on every rank, exit 2, before weights load;
-  so are MLA and a family without a TP plan (from the config alone).
+  so are a plan that splits MLA attention (DeepSeek-V2's), a family without a TP plan, and a mixture of
+  experts below the transformers that splits it exactly (from the config alone). DeepSeek-V3's plan, which
+  keeps attention whole, is taken (tests/test_tensor_parallel_moe.py runs it).
 * The launcher's world is read from torchrun's variables.
 """
 
@@ -49,12 +51,15 @@ TIMEOUT_S = 240
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
-def torchrun(ranks: int, out: Path, *folders: Path) -> subprocess.CompletedProcess:
+def torchrun(
+    ranks: int, out: Path, *folders: Path, options: tuple[str, ...] = (), timeout_s: float = TIMEOUT_S
+) -> subprocess.CompletedProcess:
     """The worker on ``ranks`` gloo processes; each rank's stderr in ``out/logs/.../<rank>/stderr.log``."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
-    command += [f"--log-dir={out / 'logs'}", "--redirects=2", str(WORKER), str(out), *map(str, folders)]
+    command += [f"--log-dir={out / 'logs'}", "--redirects=2", str(WORKER), str(out), *options]
+    command += map(str, folders)
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=environment)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=environment)
 
 
 def rank_errors(out: Path) -> dict[str, list[str]]:
@@ -83,15 +88,31 @@ def compared_runs(tmp_path_factory, families):
     """(TP=1 results, [TP=2 rank 0's, rank 1's]) of ``families``: (family, method, path) -> (tokens, logits
     per forward)."""
     root = tmp_path_factory.mktemp("tensor_parallel")
-    folders = []
-    for name in families:
-        FAMILIES[name](worker.VOCAB).save_pretrained(root / name)
-        folders.append(root / name)
-    split = torchrun(2, root / "tp2", *folders)
-    assert split.returncode == 0, split.stderr[-3000:]
-    single = worker.main(str(root / "tp1"), [str(folder) for folder in folders])
-    ranks = [torch.load(root / "tp2" / f"rank{rank}.pt") for rank in range(2)]
-    return single, ranks
+    folders = saved(root, {name: FAMILIES[name] for name in families})
+    single, [ranks] = split_runs(root, folders, [()])
+    return single["runs"], [rank["runs"] for rank in ranks]
+
+
+def saved(root: Path, builders: dict) -> list[Path]:
+    """Each family's tiny model (``builders``: name -> builder(vocab)) saved in ``root/<name>``."""
+    for name, build in builders.items():
+        build(worker.VOCAB).save_pretrained(root / name)
+    return [root / name for name in builders]
+
+
+def split_runs(
+    root: Path, folders: list[Path], launches: list[tuple[str, ...]], timeout_s: float = TIMEOUT_S
+):
+    """The worker's results (``runs`` and ``kept``) on ``folders`` in this process (a world of one), and
+    [rank 0's, rank 1's] of a 2-rank torchrun per worker options of ``launches`` (``--style=ep``)."""
+    launched = []
+    for index, options in enumerate(launches):
+        out = root / f"tp2-{index}"
+        split = torchrun(2, out, *folders, options=options, timeout_s=timeout_s)
+        logs = "\n".join(log.read_text()[-2000:] for log in sorted((out / "logs").rglob("std*.log")))
+        assert split.returncode == 0, split.stderr[-3000:] + logs
+        launched.append([torch.load(out / f"rank{rank}.pt") for rank in range(2)])
+    return worker.main(str(root / "tp1"), [str(folder) for folder in folders]), launched
 
 
 @pytest.mark.parametrize("family", TP_FAMILIES)
@@ -99,6 +120,12 @@ def test_every_method_under_tp2_answers_as_under_tp1_on_every_rank(runs, family)
     single, ranks = runs
     keys = [key for key in single if key[0] == family]
     assert len(keys) == 2 * len(worker.SETTINGS) + 3
+    assert_answers_alike(single, ranks, keys)
+
+
+def assert_answers_alike(single: dict, ranks: list[dict], keys: list[tuple]) -> None:
+    """Every rank's runs of ``keys`` gave the one process's tokens, and logits within :data:`TOLERANCE`
+    of the largest."""
     for rank, split in enumerate(ranks):
         for key in keys:
             (tokens, logits), (got_tokens, got_logits) = single[key], split[key]
@@ -153,21 +180,24 @@ def test_refusals_read_from_the_config_alone():
         check_tensor_parallel(smollm2, 2)
     with pytest.raises(SnapevalError, match="cannot split its 32 query heads"):
         check_tensor_parallel(transformers.LlamaConfig(num_attention_heads=32, num_key_value_heads=4), 3)
-    mla = transformers.DeepseekV3Config()
-    with pytest.raises(SnapevalError, match=r"^model\.tp: deepseek_v3: MLA caches one latent head"):
-        check_tensor_parallel(mla, 2)
     falcon = transformers.FalconConfig()
     with pytest.raises(SnapevalError, match=r"^model\.tp: falcon: transformers has no tensor-parallel plan"):
         check_tensor_parallel(falcon, 2)
     check_tensor_parallel(transformers.Gemma3Config(), 2)  # a multimodal wrapper: its text model's plan
     moe = transformers.Qwen3MoeConfig(num_attention_heads=4, num_key_value_heads=2)
+    mla = transformers.DeepseekV3Config()  # 128 heads, 256 experts
     if at_least(MOE_TENSOR_PARALLEL):
         check_tensor_parallel(moe, 2)
-    else:
+        check_tensor_parallel(mla, 16)  # its plan keeps MLA attention whole: every rank holds the latent
         with pytest.raises(
-            SnapevalError, match=r"^model\.tp: qwen3_moe: tensor parallel over its 128 experts"
+            SnapevalError,
+            match=r"^model\.tp: deepseek_v2: transformers' TP plan splits MLA attention \(layers\.\*",
         ):
-            check_tensor_parallel(moe, 2)
+            check_tensor_parallel(transformers.DeepseekV2Config(), 2)  # q_b_proj, kv_b_proj colwise
+    else:
+        for config, text in ((moe, "qwen3_moe: tensor parallel over its 128 experts"), (mla, "deepseek_v3")):
+            with pytest.raises(SnapevalError, match=rf"^model\.tp: {text}"):
+                check_tensor_parallel(config, 2)
 
 
 def test_the_world_is_torchruns():
@@ -190,32 +220,51 @@ RUN = ("run.limit=2", "task.context_length=512", "cache=snapstream", "cache.budg
 def test_a_tp2_run_stores_the_rows_of_a_tp1_run_and_rank_0_alone_writes(tiny_llama_overrides, tmp_path):
     """``torchrun --nproc-per-node 2 -m snapeval ...``: the same samples (outputs, scores, tokens) as the
     one-process command, under the same config hash; runs record their TP degree; only rank 0 prints."""
+    stored, printed = stored_runs([*tiny_llama_overrides, *RUN], tmp_path)
+    assert "random-llama" in printed["0"] and printed["1"] == ""
+    assert_same_samples(stored)
+    # its KV bytes: the whole row's alike, and a rank's share half of them (its 1 of 2 KV heads)
+    assert [whole for whole, _ in stored["tp2"][2]] == [whole for whole, _ in stored["tp1"][2]]
+    assert [2 * share for _, share in stored["tp2"][2]] == [share for _, share in stored["tp1"][2]]
+    assert all(whole == share for whole, share in stored["tp1"][2])
+
+
+SAMPLE_COLUMNS = (
+    "sample_id, config_hash, prompt_tokens, output, target, score, metrics, generated_tokens, extra"
+)
+"""Every column of a sample but its seconds and memory (run metadata) and its KV bytes."""
+
+
+def stored_runs(overrides: list[str], tmp_path: Path, timeout_s: float = TIMEOUT_S) -> tuple[dict, dict]:
+    """``python -m snapeval`` and ``torchrun --nproc-per-node 2 -m snapeval`` of ``overrides``: what
+    each stored ({"tp1"|"tp2": (samples' :data:`SAMPLE_COLUMNS`, runs' status and TP degree, samples'
+    kv_bytes and kv_bytes_per_rank)}) and what each rank printed."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    overrides = [*tiny_llama_overrides, *RUN]
     single = [sys.executable, "-m", "snapeval", *overrides, f"run.db={tmp_path / 'tp1.db'}"]
-    done = subprocess.run(single, capture_output=True, text=True, timeout=TIMEOUT_S, env=environment)
+    done = subprocess.run(single, capture_output=True, text=True, timeout=timeout_s, env=environment)
     assert done.returncode == 0, done.stderr[-3000:]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command += [f"--log-dir={tmp_path / 'logs'}", "--redirects=3", "-m", "snapeval", *overrides]
     command.append(f"run.db={tmp_path / 'tp2.db'}")
-    split = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=environment)
+    split = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=environment)
     assert split.returncode == 0, split.stderr[-3000:]
     printed = {log.parent.name: log.read_text() for log in (tmp_path / "logs").rglob("stdout.log")}
-    assert "random-llama" in printed["0"] and printed["1"] == ""
-    # every column of a sample but its seconds and memory (run metadata); its KV bytes: the whole row's
-    # alike, and a rank's share half of them
-    columns = "sample_id, config_hash, prompt_tokens, output, target, score, metrics, generated_tokens, extra"
     stored = {}
     for name in ("tp1", "tp2"):
         with sqlite3.connect(tmp_path / f"{name}.db") as db:
             stored[name] = (
-                db.execute(f"SELECT {columns} FROM samples ORDER BY sample_id").fetchall(),
+                db.execute(f"SELECT {SAMPLE_COLUMNS} FROM samples ORDER BY sample_id").fetchall(),
                 db.execute("SELECT status, tensor_parallel FROM runs").fetchall(),
                 db.execute("SELECT kv_bytes, kv_bytes_per_rank FROM samples ORDER BY sample_id").fetchall(),
             )
+    return stored, printed
+
+
+def assert_same_samples(stored: dict) -> None:
+    """The TP=2 run of :func:`stored_runs` stored the TP=1 run's samples, and each run its TP degree."""
     assert len(stored["tp1"][0]) == 2
     for tp2_row, tp1_row in zip(stored["tp2"][0], stored["tp1"][0], strict=True):
-        for name, tp2_value, tp1_value in zip(columns.split(", "), tp2_row, tp1_row, strict=True):
+        for name, tp2_value, tp1_value in zip(SAMPLE_COLUMNS.split(", "), tp2_row, tp1_row, strict=True):
             if name != "extra":
                 assert tp2_value == tp1_value, f"{name}: {tp2_value} != {tp1_value}"
         tp2_extra, tp1_extra = json.loads(tp2_row[-1]), json.loads(tp1_row[-1])  # the kept histogram: a
@@ -223,9 +272,6 @@ def test_a_tp2_run_stores_the_rows_of_a_tp1_run_and_rank_0_alone_writes(tiny_lla
         assert tp2_extra == tp1_extra and tp2_counts["bins"] == tp1_counts["bins"]  # over ranks' heads
         assert tp2_counts["counts"] == pytest.approx(tp1_counts["counts"], abs=1e-6)
     assert stored["tp1"][1] == [("finished", 1)] and stored["tp2"][1] == [("finished", 2)]
-    assert [whole for whole, _ in stored["tp2"][2]] == [whole for whole, _ in stored["tp1"][2]]
-    assert [2 * share for _, share in stored["tp2"][2]] == [share for _, share in stored["tp1"][2]]
-    assert all(whole == share for whole, share in stored["tp1"][2])
 
 
 @pytest.mark.slow  # .ci/run runs it

@@ -27,6 +27,7 @@ from snapeval.memory import estimate, kv_bytes_per_sequence
 from snapeval.memory.geometry import load_geometry
 from snapeval.memory.kv import kv_heads_per_rank
 from tests import tensor_parallel_memory_worker as worker
+from tests.families import FAMILIES
 
 WORKER = Path(worker.__file__)
 TIMEOUT_S = 240
@@ -54,8 +55,25 @@ def folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def mla_folder(tmp_path_factory) -> Path:
+    """The tiny random DeepSeek-V3 of tests/families.py, saved."""
+    folder = tmp_path_factory.mktemp("tensor_parallel_memory") / "deepseek_v3"
+    FAMILIES["deepseek_v3"](worker.VOCAB).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
 def ranks(folder) -> list[dict]:
-    """What each of 2 ranks reports (tests/tensor_parallel_memory_worker.py)."""
+    return ranks_of(folder)
+
+
+@pytest.fixture(scope="module")
+def mla_ranks(mla_folder) -> list[dict]:
+    return ranks_of(mla_folder)
+
+
+def ranks_of(folder: Path) -> list[dict]:
+    """What each of 2 ranks reports (tests/tensor_parallel_memory_worker.py) on the model in ``folder``."""
     out = folder.parent / "tp2"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command += [f"--log-dir={out / 'logs'}", "--redirects=3", str(WORKER), str(out), str(folder)]
@@ -76,18 +94,40 @@ def test_the_check_decides_alike_on_ranks_that_read_different_free_memory(ranks)
 
 
 def test_the_estimators_tp_gives_the_kv_bytes_a_tp2_run_stores_per_rank_and_whole(ranks, folder, tmp_path):
-    geometry = load_geometry(str(folder))
     single = worker.main(str(tmp_path), str(folder))["rows"]  # a world of one, in this process
     assert single["kv_heads"] == 4
+    for rank in ranks:
+        assert rank["rows"]["kv_heads"] == kv_heads_per_rank(4, 2) == 2
+        assert rank["rows"]["kv_bytes_per_rank"] == {t: b // 2 for t, b in single["kv_bytes"].items()}
+    assert_rows_as_estimated(load_geometry(str(folder)), single, ranks)
+
+
+def test_under_mla_a_rank_stores_holds_and_is_estimated_the_whole_latent_and_its_share_of_weights(
+    mla_ranks, mla_folder, tmp_path
+):
+    single = worker.main(str(tmp_path), str(mla_folder))["rows"]
+    geometry = load_geometry(str(mla_folder))
+    assert single["kv_heads"] == 1 and all(rank["rows"]["kv_heads"] == 1 for rank in mla_ranks)
+    for rank in mla_ranks:
+        assert rank["rows"]["kv_bytes_per_rank"] == single["kv_bytes"]  # the latent, once per rank
+    assert_rows_as_estimated(geometry, single, mla_ranks)
+    split = [rank["rows"]["weights_bytes"] for rank in mla_ranks]
+    whole = geometry.replicated_parameters * 4  # fp32: attention, routers and norms on every rank
+    assert split == [whole + (single["weights_bytes"] - whole) // 2] * 2
+    for tp, weights in ((1, [single["weights_bytes"]]), (2, split)):
+        expected = estimate(geometry, HARDWARE, context=8, tp=tp, weights_dtype=KV_DTYPE)
+        assert weights == [expected.weights_bytes_per_socket] * tp, tp
+
+
+def assert_rows_as_estimated(geometry, single: dict, ranks: list[dict]) -> None:
+    """Each rank's stored KV bytes (its share and the whole row's), and the check's bytes of its rows, are
+    the estimator's at its TP degree: TP=1 (``single``, this process) and TP=2 (``ranks``)."""
     prompt, decoded = worker.PROMPT_LENGTH, worker.NEW_TOKENS - 1  # the last token is never fed
     for tp, rows_of_ranks in ((1, [single]), (2, [rank["rows"] for rank in ranks])):
         for rank, rows in enumerate(rows_of_ranks):
             where = f"TP={tp}, rank {rank}"
             stored, whole = rows["kv_bytes_per_rank"], rows["kv_bytes"]
-            assert rows["kv_heads"] == kv_heads_per_rank(geometry.num_kv_heads, tp), where
             assert whole == single["kv_bytes"] == single["kv_bytes_per_rank"], where  # TP=1's, whole
-            if tp == 2:
-                assert stored == {tag: got // 2 for tag, got in whole.items()}, where
             # a full row holds the prompt and the tokens it fed
             full = estimate(geometry, HARDWARE, context=prompt + decoded, tp=tp, kv_dtype=KV_DTYPE)
             assert stored["full"] == full.kv_bytes_per_sequence_full_per_socket, where

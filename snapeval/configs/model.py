@@ -39,6 +39,13 @@ class ModelConfig(Checked):
     dtype: str = setting("auto", check=choice("auto", *DTYPES), help="auto: bfloat16 on CUDA, else float32")
     device: str = setting("auto", check=device)
     max_context: int = setting(8192, check=integer(low=16), help="the model's window, in tokens")
+    tp_style: str = setting(
+        "tp",
+        check=choice("tp", "ep"),
+        hashed=False,
+        help="under torchrun: tp (the family's TP plan splits experts too) or ep (its expert-parallel plan "
+        "gives each rank whole experts)",
+    )
     prompt_style: str = setting(
         "openai_chat",
         check=choice(*PROMPT_STYLES),

@@ -119,7 +119,7 @@ def estimate(
     token_bytes_per_socket = kv_bytes_per_token(geometry, kv_dtype, **layout)
     full_per_socket = kv_bytes_per_sequence(geometry, context, kv_dtype, **layout)
     compressed_per_socket = kv_bytes_per_sequence(geometry, tokens, kv_dtype, **layout)
-    weights_per_socket = weights_bytes(geometry.num_parameters, weights_dtype, tp)
+    weights_per_socket = weights_bytes(geometry, weights_dtype, tp)
     return MemoryEstimate(
         model=geometry.name,
         hardware=profile.name,
@@ -142,7 +142,7 @@ def estimate(
         kv_bytes_per_sequence_compressed=kv_bytes_per_sequence(geometry, tokens, kv_dtype),
         kv_bytes_per_sequence_full_per_socket=full_per_socket,
         kv_bytes_per_sequence_compressed_per_socket=compressed_per_socket,
-        weights_bytes=weights_bytes(geometry.num_parameters, weights_dtype),
+        weights_bytes=weights_bytes(geometry, weights_dtype),
         weights_bytes_per_socket=weights_per_socket,
         tiers=tuple(
             tier_fit(

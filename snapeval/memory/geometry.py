@@ -17,6 +17,7 @@ from snapeval.errors import SnapevalError
 from snapeval.memory.catalogue import known_names, model_aliases, model_source, read_json, shipped_config
 from snapeval.memory.config_fields import head_dim, kv_heads, layer_kinds, optional_int, require_int
 from snapeval.memory.parameters import estimate_parameters
+from snapeval.memory.sharding import whole_on_every_rank
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -41,6 +42,16 @@ class ModelGeometry:
     sliding_window: int | None = None
     num_sliding_layers: int = 0
     max_positions: int | None = None  # max_position_embeddings, where the config says
+    replicated: tuple[tuple[str, int], ...] | None = None
+    """The parts every rank holds whole under tensor parallel, with their parameters
+    (:func:`snapeval.memory.sharding.whole_on_every_rank`): norms and routers, and what the family's TP
+    plan leaves whole (DeepSeek-V3's MLA attention); None where the config does not give its parts' sizes
+    (a parameter count given alone): every weight split evenly."""
+
+    @property
+    def replicated_parameters(self) -> int:
+        """Parameters every rank holds whole under tensor parallel (the rest are split)."""
+        return sum(count for _, count in self.replicated or ())
 
     @property
     def is_mla(self) -> bool:
@@ -92,7 +103,19 @@ def geometry_from_config(
         sliding_window=window,
         num_sliding_layers=sliding_layers,
         max_positions=optional_int(fields, "max_position_embeddings"),
+        replicated=_replicated(fields, parts_needed=not known_parameters),
     )
+
+
+def _replicated(fields: Mapping[str, Any], parts_needed: bool) -> tuple[tuple[str, int], ...] | None:
+    """:attr:`ModelGeometry.replicated` of a config's ``fields``; None where they do not size the parts
+    and the parameter count came from elsewhere (``parts_needed`` False), else the missing field's error."""
+    try:
+        return tuple(whole_on_every_rank(fields).items())
+    except SnapevalError:
+        if parts_needed:
+            raise
+        return None
 
 
 def sliding_window_layers(config: Mapping[str, Any], num_layers: int) -> tuple[int | None, int]:

@@ -84,6 +84,9 @@ def method_names() -> list[str]:
     return list(METHODS)
 
 
-def weights_bytes(num_parameters: int, weights_dtype: str, tp: int = 1) -> int:
-    """Weight bytes on one of ``tp`` ranks, the weights sharded evenly."""
-    return ceil_div(num_parameters * dtype_bytes(weights_dtype, "weights_dtype"), tp)
+def weights_bytes(geometry: ModelGeometry, weights_dtype: str, tp: int = 1) -> int:
+    """Weight bytes on one of ``tp`` ranks: the parts the family's TP plan leaves whole
+    (:attr:`~snapeval.memory.geometry.ModelGeometry.replicated`) on every rank, the rest split evenly."""
+    size = dtype_bytes(weights_dtype, "weights_dtype")
+    whole = min(geometry.replicated_parameters, geometry.num_parameters) if tp > 1 else 0
+    return whole * size + ceil_div((geometry.num_parameters - whole) * size, tp)

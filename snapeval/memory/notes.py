@@ -6,7 +6,7 @@ from snapeval.configs.cache import FULL
 from snapeval.memory.geometry import ModelGeometry
 from snapeval.memory.hardware import HardwareProfile
 from snapeval.memory.kv import cached_tokens, kv_heads_per_rank
-from snapeval.memory.units import format_bytes
+from snapeval.memory.units import format_bytes, format_count
 
 UNITS_NOTE = (
     "capacities are the published decimal figures (1 GB = 10^9 B), shown in binary units "
@@ -40,7 +40,7 @@ def estimate_notes(
         notes.append(
             f"{method} preallocates budget={budget:,} slots, more than the {context:,}-token context"
         )
-    notes.append(weights_note(hardware, tp, weights_per_socket))
+    notes.append(weights_note(geometry, hardware, tp, weights_per_socket))
     if geometry.parameters_estimated:
         notes.append(ESTIMATED_PARAMETERS_NOTE)
     onchip = hardware.tier("onchip")
@@ -80,9 +80,17 @@ def kv_layout_note(geometry: ModelGeometry, hardware: HardwareProfile, tp: int) 
     return f"{kv_heads} KV heads split over {tp} sockets: {heads} per socket"
 
 
-def weights_note(hardware: HardwareProfile, tp: int, weights_per_socket: int) -> str:
-    """Where the weights go: HBM, spilling to DDR, or nowhere."""
-    placement = "weights placed in HBM" + (f", sharded evenly over {tp} sockets" if tp > 1 else "")
+def weights_note(geometry: ModelGeometry, hardware: HardwareProfile, tp: int, weights_per_socket: int) -> str:
+    """Where the weights go: HBM, spilling to DDR, or nowhere; under tensor parallel, what every socket
+    holds whole (:attr:`~snapeval.memory.geometry.ModelGeometry.replicated`)."""
+    placement = "weights placed in HBM"
+    if tp > 1 and geometry.replicated is None:
+        placement += f", sharded evenly over {tp} sockets (the config does not size the parts a plan splits)"
+    elif tp > 1:
+        whole = ", ".join(
+            f"{part.replace('_', ' ')} ({format_count(count)})" for part, count in geometry.replicated
+        )
+        placement += f", split over {tp} sockets as the family's TP plan splits them; whole on each: {whole}"
     overflow = weights_per_socket - hardware.tier("hbm").capacity
     if overflow <= 0:
         return f"{placement}; KV gets the rest"

@@ -3,7 +3,8 @@
 Counts the embeddings, attention (standard/GQA or DeepSeek MLA), gated MLPs (gate, up and down
 projections) or mixture-of-experts layers, RMSNorm weights, and the LM head unless it is tied to the
 embeddings. Biases are counted only where ``attention_bias`` says so; the DeepSeek multi-token
-prediction module is not counted (it is not used for decoding).
+prediction module is not counted (it is not used for decoding). :func:`parameter_groups` gives the same
+count by what a tensor-parallel plan splits or leaves whole (:mod:`snapeval.memory.sharding`).
 """
 
 from __future__ import annotations
@@ -17,19 +18,30 @@ GATED_MLP_MATRICES = 3
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 
 
+GROUPS = ("embeddings", "lm_head", "attention", "mlp", "experts", "shared_experts", "routers", "norms")
+"""The parts of a model a TP plan splits or keeps whole, as :func:`parameter_groups` counts them."""
+
+
 def estimate_parameters(config: Mapping[str, Any]) -> int:
     """Parameters of the model ``config`` describes."""
+    return sum(parameter_groups(config).values())
+
+
+def parameter_groups(config: Mapping[str, Any]) -> dict[str, int]:
+    """Parameters of the model ``config`` describes, by :data:`GROUPS`: the input embeddings, the LM head
+    (none when tied to them), attention, dense MLPs, routed experts, shared experts, routers and norms
+    (of every layer)."""
     hidden = require_int(config, "hidden_size")
     layers = require_int(config, "num_hidden_layers")
     vocab = require_int(config, "vocab_size")
-    embedding_tables = 1 if config.get("tie_word_embeddings", False) else 2
-    norms = (2 * layers + 1) * hidden
-    return (
-        embedding_tables * vocab * hidden
-        + layers * attention_parameters(config)
-        + mlp_parameters(config)
-        + norms
-    )
+    tied = config.get("tie_word_embeddings", False)
+    return {
+        "embeddings": vocab * hidden,
+        "lm_head": 0 if tied else vocab * hidden,
+        "attention": layers * attention_parameters(config),
+        **mlp_groups(config),
+        "norms": (2 * layers + 1) * hidden,
+    }
 
 
 def attention_parameters(config: Mapping[str, Any]) -> int:
@@ -60,18 +72,24 @@ def mla_parameters(config: Mapping[str, Any]) -> int:
     return query + key_value + heads * v_dim * hidden
 
 
-def mlp_parameters(config: Mapping[str, Any]) -> int:
-    """Parameters of the MLPs of all layers: dense, or routed plus shared experts and a router."""
+def mlp_groups(config: Mapping[str, Any]) -> dict[str, int]:
+    """Parameters of the MLPs of all layers: dense ones (``mlp``), and in the layers of a mixture of
+    experts its routed ``experts``, ``shared_experts`` and ``routers``."""
     hidden = require_int(config, "hidden_size")
     layers = require_int(config, "num_hidden_layers")
     dense_mlp = GATED_MLP_MATRICES * hidden * require_int(config, "intermediate_size")
     experts = next(filter(None, (optional_int(config, key) for key in EXPERT_COUNT_KEYS)), None)
     if experts is None:
-        return layers * dense_mlp
+        return {"mlp": layers * dense_mlp, "experts": 0, "shared_experts": 0, "routers": 0}
     expert_size = optional_int(config, "moe_intermediate_size") or require_int(config, "intermediate_size")
     shared_size = optional_int(config, "shared_expert_intermediate_size") or (
         (optional_int(config, "n_shared_experts") or 0) * expert_size
     )
-    moe_mlp = GATED_MLP_MATRICES * hidden * (experts * expert_size + shared_size) + hidden * experts
     dense_layers = min(optional_int(config, "first_k_dense_replace") or 0, layers)
-    return dense_layers * dense_mlp + (layers - dense_layers) * moe_mlp
+    moe_layers = layers - dense_layers
+    return {
+        "mlp": dense_layers * dense_mlp,
+        "experts": moe_layers * GATED_MLP_MATRICES * hidden * experts * expert_size,
+        "shared_experts": moe_layers * GATED_MLP_MATRICES * hidden * shared_size,
+        "routers": moe_layers * hidden * experts,
+    }

@@ -59,6 +59,7 @@ class ModelSpec:
     device: str = "auto"
     max_context: int = 8192
     config_overrides: str | None = None
+    tp_style: str = "tp"  # under torchrun: experts split by the TP plan (tp) or placed by the EP plan (ep)
 
     @classmethod
     def from_config(cls, cfg) -> ModelSpec:
@@ -197,7 +198,7 @@ def load_model(spec: ModelSpec, attn_implementation: str | None = None) -> PreTr
     world = launcher_world()
     source = resolve_pretrained(spec.pretrained)
     config = model_config(spec)
-    check_tensor_parallel(config, world.size)
+    check_tensor_parallel(config, world.size, spec.tp_style)
     device = init_process_group(world) if world.parallel else resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     attn_implementation = attn_implementation or base_attention(config)
@@ -209,7 +210,7 @@ def load_model(spec: ModelSpec, attn_implementation: str | None = None) -> PreTr
             dtype=dtype,
             attn_implementation=attn_implementation,
             device_map=None if world.parallel else device,  # one device: weights load onto it, not via host
-            **tp_load_arguments(world),
+            **tp_load_arguments(world, spec.tp_style),
         )
     except (OSError, ValueError) as exc:
         raise _load_error(spec, exc) from exc

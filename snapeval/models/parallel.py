@@ -31,12 +31,14 @@ from typing import Any, NoReturn
 
 from snapeval.cli.world import FIELD, World, launcher_world
 from snapeval.configs.root import RENDEZVOUS_S
-from snapeval.couplings import MOE_TENSOR_PARALLEL, at_least, transformers_version
+from snapeval.couplings import EXPERT_PARALLEL, MOE_TENSOR_PARALLEL, at_least, transformers_version
 from snapeval.errors import SnapevalError
 from snapeval.models.rendezvous import rendezvous
 
 TIMEOUT_S = 600  # a collective that waits longer than this on a peer ends the rank (NCCL/gloo timeout)
 EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")  # how configs name a MoE's experts
+TP, EP = "tp", "ep"  # model.tp_style: experts split like the rest by the TP plan, or placed by the EP plan
+STYLE_FIELD = "model.tp_style"
 
 
 def text_config(config: Any) -> Any:
@@ -50,32 +52,55 @@ def tp_plan(config: Any) -> dict[str, str]:
     return dict(getattr(text_config(config), "base_model_tp_plan", None) or {})
 
 
-def check_tensor_parallel(config: Any, size: int) -> None:
-    """Refuse, in one line, a model ``size`` ranks cannot split (see the module docstring). No torch:
-    run it on the config, before any weight loads."""
+def ep_plan(config: Any) -> dict[str, str]:
+    """The base model's expert-parallel plan that ``config`` carries (transformers 5.24: DeepSeek-V3,
+    Qwen3-MoE, GPT-OSS, Mixtral); {} if none."""
+    return dict(getattr(text_config(config), "base_model_ep_plan", None) or {})
+
+
+def split_attention(config: Any) -> list[str]:
+    """The rules of ``config``'s TP plan that split its attention modules (``layers.*.self_attn.q_proj``);
+    [] where the plan leaves attention whole on every rank (DeepSeek-V3's, from transformers 5.24)."""
+    return sorted(rule for rule in tp_plan(config) if ".self_attn." in rule)
+
+
+def expert_count(config: Any) -> int | None:
+    """How many routed experts ``config``'s model has (None: no mixture of experts)."""
+    text = text_config(config)
+    return next((getattr(text, name) for name in EXPERT_COUNTS if getattr(text, name, None)), None)
+
+
+def check_tensor_parallel(config: Any, size: int, style: str = TP) -> None:
+    """Refuse, in one line, a model ``size`` ranks cannot split in ``style`` (``tp`` or ``ep``: see the
+    module docstring). No torch: run it on the config, before any weight loads."""
     if size <= 1:
         return
     text = text_config(config)
     family = getattr(text, "model_type", None) or type(text).__name__
-    if getattr(text, "kv_lora_rank", None):
-        raise SnapevalError(
-            f"{family}: MLA caches one latent head shared by all query heads, which tensor parallel cannot "
-            f"split across {size} ranks (run it on one device)",
-            FIELD,
-        )
-    experts = next((getattr(text, name) for name in EXPERT_COUNTS if getattr(text, name, None)), None)
+    experts = expert_count(config)
     if experts and not at_least(MOE_TENSOR_PARALLEL):
         raise SnapevalError(
             f"{family}: tensor parallel over its {experts} experts is exact from transformers "
             f"{MOE_TENSOR_PARALLEL} (installed: {transformers_version()}); upgrade it or run on one device",
             FIELD,
         )
+    if style == EP:
+        check_expert_parallel(config, size, family, experts)
     if not tp_plan(config):
         raise SnapevalError(
             f"{family}: transformers has no tensor-parallel plan for this family, so it cannot run on {size} "
             "ranks (run it on one device)",
             FIELD,
         )
+    if getattr(text, "kv_lora_rank", None):
+        split = split_attention(config)
+        if split:
+            raise SnapevalError(
+                f"{family}: transformers' TP plan splits MLA attention ({', '.join(split)}), so each rank "
+                "would hold part of the latent's heads, which is not measured here (run it on one device)",
+                FIELD,
+            )
+        return  # the plan leaves attention whole: every rank holds every head and the whole latent
     heads = getattr(text, "num_attention_heads", None)
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     for name, count in (("query", heads), ("KV", kv_heads)):
@@ -89,21 +114,52 @@ def check_tensor_parallel(config: Any, size: int) -> None:
             )
 
 
+def check_expert_parallel(config: Any, size: int, family: str, experts: int | None) -> None:
+    """Refuse, in one line naming ``model.tp_style``, an expert-parallel run transformers cannot make: no
+    mixture of experts, no EP plan for the family (or a release that takes none), or experts ``size``
+    ranks cannot share out evenly."""
+    if not experts:
+        raise SnapevalError(f"{family} has no experts to place across ranks: use tp", STYLE_FIELD)
+    if not ep_plan(config) or not takes_expert_parallel():
+        raise SnapevalError(
+            f"{family}: transformers {transformers_version()} has no expert-parallel plan for this family "
+            "(use tp)",
+            STYLE_FIELD,
+        )
+    if experts % size:
+        raise SnapevalError(
+            f"{family}: {size} ranks cannot hold equal shares of its {experts} experts (use tp, or a rank "
+            "count that divides them)",
+            STYLE_FIELD,
+        )
+
+
+def takes_expert_parallel() -> bool:
+    """Whether the installed transformers places experts by their EP plan: its ``DistributedConfig``
+    takes ``ep_size`` (:data:`snapeval.couplings.EXPERT_PARALLEL`)."""
+    return at_least(EXPERT_PARALLEL)
+
+
 def local_heads(count: int, size: int) -> int:
     """How many of ``count`` heads one of ``size`` ranks holds (``count`` divisible by ``size``)."""
     return count // size
 
 
-def tp_load_arguments(world: World) -> dict[str, Any]:
+def tp_load_arguments(world: World, style: str = TP) -> dict[str, Any]:
     """What ``from_pretrained`` takes to load a model split across ``world`` by its family's TP plan:
     ``distributed_config=DistributedConfig(tp_plan="auto")`` where transformers takes it (5.17 on:
-    ``tp_plan=`` is deprecated there), else ``tp_plan="auto"`` (5.2 to 5.16); nothing for a world of one."""
+    ``tp_plan=`` is deprecated there), else ``tp_plan="auto"`` (5.2 to 5.16); nothing for a world of one.
+    ``style`` ``ep``: the experts placed by the family's EP plan instead (``ep_size`` the world's: each
+    rank holds its share of whole experts, the rest of the TP plan as under ``tp``)."""
     if not world.parallel:
         return {}
     try:
         from transformers.distributed import DistributedConfig
     except ImportError:
         return {"tp_plan": "auto"}
+    if style == EP:
+        config = DistributedConfig(tp_plan="auto", tp_size=world.size, ep_size=world.size)
+        return {"distributed_config": config}
     if "tp_plan" in inspect.signature(DistributedConfig).parameters:
         return {"distributed_config": DistributedConfig(tp_plan="auto")}
     return {"tp_plan": "auto"}
