@@ -10,6 +10,7 @@ returns the samples it stored, as ``snapeval results export`` reads them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +26,15 @@ from snapeval.run.plan import RunPlan, check_inputs, make_plan
 if TYPE_CHECKING:
     import pandas as pd
 
-NAMED = {"model": "model", "task": "task", "cache": "cache", "protocol": "protocol", "exp": "+exp"}
-"""The options :func:`snapeval.evaluate` takes by name, each the override it stands for."""
-DB_OPTION = "db"  # run.db, by name
+NAMED = {
+    "model": "model",
+    "task": "task",
+    "cache": "cache",
+    "protocol": "protocol",
+    "exp": "+exp",
+    "db": "run.db",
+}
+"""The options :func:`snapeval.evaluate` takes by name, each the key of the override it stands for."""
 
 
 @dataclass(frozen=True)
@@ -81,19 +88,18 @@ def is_hydra_setting(override: str) -> bool:
 
 def as_overrides(named: Mapping[str, Any], overrides: Sequence[str]) -> list[str]:
     """The overrides of :func:`snapeval.evaluate`'s options: each named one given (``model=...``,
-    ``+exp=...``, ``run.db=...``), then ``overrides`` as given; a value of the wrong type, or a flag or
-    sweep (``-m``, ``a=1,2``) of the command line, refused in one line naming the option."""
+    ``+exp=...``, ``run.db=...``), then ``overrides`` as given; a value of the wrong type, or a flag of
+    the command line (``-m``), refused in one line naming the option."""
     if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
         raise SnapevalError(f"must be a list of strings like ['run.limit=2'], got {overrides!r}", "overrides")
     spelled = []
     for name, value in named.items():
         if value is None:
             continue
-        if name == DB_OPTION and isinstance(value, Path):
-            value = str(value)
+        value = os.fspath(value) if isinstance(value, os.PathLike) else value  # db: a path
         if not isinstance(value, str) or not value:
             raise SnapevalError(f"must be a non-empty string, got {value!r}", name)
-        spelled.append(f"run.db={value}" if name == DB_OPTION else f"{NAMED[name]}={value}")
+        spelled.append(f"{NAMED[name]}={value}")
     for override in overrides:
         if override.startswith("-"):
             raise SnapevalError(f"{override} is a command-line flag; evaluate runs one job", "overrides")
