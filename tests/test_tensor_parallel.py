@@ -191,7 +191,7 @@ def test_refusals_read_from_the_config_alone():
         check_tensor_parallel(mla, 16)  # its plan keeps MLA attention whole: every rank holds the latent
         with pytest.raises(
             SnapevalError,
-            match=r"^model\.tp: deepseek_v2: transformers' TP plan splits MLA attention \(layers\.\*",
+            match=r"^model\.tp: deepseek_v2: transformers' TP plan splits MLA attention \(self_attn kv_a",
         ):
             check_tensor_parallel(transformers.DeepseekV2Config(), 2)  # q_b_proj, kv_b_proj colwise
     else:

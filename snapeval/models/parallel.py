@@ -93,11 +93,11 @@ def check_tensor_parallel(config: Any, size: int, style: str = TP) -> None:
             FIELD,
         )
     if getattr(text, "kv_lora_rank", None):
-        split = split_attention(config)
+        split = [rule.split(".self_attn.")[1] for rule in split_attention(config)]
         if split:
             raise SnapevalError(
-                f"{family}: transformers' TP plan splits MLA attention ({', '.join(split)}), so each rank "
-                "would hold part of the latent's heads, which is not measured here (run it on one device)",
+                f"{family}: transformers' TP plan splits MLA attention (self_attn {', '.join(split)}), "
+                "leaving each rank part of the latent's heads: not measured here (run it on one device)",
                 FIELD,
             )
         return  # the plan leaves attention whole: every rank holds every head and the whole latent
