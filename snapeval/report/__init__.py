@@ -3,14 +3,16 @@
 One self-contained HTML page (or Markdown with ``--markdown``) that tells an inference team whether to
 ship a compressed KV cache: per model and task, each method's accuracy and paired retention against the
 full cache over the budgets measured, the smallest budget meeting each retention target (the gate's
-rule), KV bytes and rows per accelerator from the memory estimator, speed, the samples that flipped,
-trace statistics and provenance; the verdicts of accuracy gates when given. It reads the database and
-the estimator's shipped catalogue only: no model, no torch.
+rule; with ``--max-output-growth``, also shown to keep output growth within the bound), KV bytes and rows
+per accelerator from the memory estimator, speed, output length against the full cache's and what it
+costs, the samples that flipped, trace statistics and provenance; the verdicts of accuracy gates when
+given. It reads the database and the estimator's shipped catalogue only: no model, no torch.
 
 Modules: :mod:`~snapeval.report.data` (settings grouped into experiments),
 :mod:`~snapeval.report.analysis` (retention, bounds, decisions, flips), :mod:`~snapeval.report.capacity`
 (the estimator), :mod:`~snapeval.report.provenance`, :mod:`~snapeval.report.charts` (figures),
 :mod:`~snapeval.report.experiment` and :mod:`~snapeval.report.build` (the blocks),
+:mod:`~snapeval.report.output_length` (output length and its cost per setting),
 :mod:`~snapeval.report.engines` (each deployed engine against snapeval's reference),
 :mod:`~snapeval.report.document` (the blocks' types) and the two renderers,
 :mod:`~snapeval.report.render_html` and :mod:`~snapeval.report.render_markdown`.

@@ -1,4 +1,5 @@
-"""``python -m snapeval.report [--db URL] [--out PATH] [--markdown] [--targets T ...] [--gates SPEC]``."""
+"""``python -m snapeval.report [--db URL] [--out PATH] [--markdown] [--targets T ...]
+[--max-output-growth G] [--gates SPEC]``."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
         help="retention targets (default: 0.95 0.99)",
     )
     parser.add_argument(
+        "--max-output-growth",
+        metavar="G",
+        help="also require the method's mean output length over the full cache's to be shown at most G "
+        "(e.g. 1.1; default: not required)",
+    )
+    parser.add_argument(
         "--gates", type=Path, help="a gate spec (conf/gates/ci.yaml) to judge on the stored samples"
     )
     parser.add_argument("--flips", type=int, default=5, help="flipped samples shown per setting (default: 5)")
@@ -43,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SnapevalError(
             f"must be finite numbers > 0, got {' '.join(map(str, args.targets))}", "--targets"
         )
+    max_growth = _max_growth(args.max_output_growth)
     if args.flips < 0:
         raise SnapevalError(f"must be >= 0, got {args.flips}", "--flips")
     out = args.out or Path("report.md" if args.markdown else "report.html")
@@ -60,7 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         gates = load_gates(args.gates)
     with open_existing(args.db) as db:
         document = build_report(
-            db, sorted(set(args.targets)), figures=not args.markdown, flips=args.flips, gates=gates
+            db,
+            sorted(set(args.targets)),
+            figures=not args.markdown,
+            flips=args.flips,
+            gates=gates,
+            max_output_growth=max_growth,
         )
     text = render_markdown(document) if args.markdown else render_html(document)
     try:
@@ -70,6 +83,19 @@ def main(argv: list[str] | None = None) -> int:
         raise SnapevalError(f"cannot write the report: {exc.strerror}", "--out") from None
     print(f"wrote {out} ({len(text.encode()) / 1024:,.0f} KiB)")
     return 0
+
+
+def _max_growth(text: str | None) -> float | None:
+    """``--max-output-growth`` as a number > 0 (None where not given)."""
+    if text is None:
+        return None
+    try:
+        bound = float(text)
+    except ValueError:
+        bound = math.nan
+    if not math.isfinite(bound) or bound <= 0:
+        raise SnapevalError(f"must be a finite number > 0 (e.g. 1.1), got {text}", "--max-output-growth")
+    return bound
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The numbers of the report: each compressed setting against the full cache on the same samples (paired
-retention and its bounds, the gate's verdict per retention target), the samples that flipped, and per
-series the smallest budget shown to keep each target (fixed-sequence testing from the largest budget down,
-:func:`snapeval.stats.smallest_kept`)."""
+retention and its bounds, the gate's verdict per retention target, output length and what it costs), the
+samples that flipped, and per series the smallest budget shown to keep each target (fixed-sequence testing
+from the largest budget down, :func:`snapeval.stats.smallest_kept`), and at most a stated growth in output
+length where one is required (:func:`snapeval.stats.output_length.jointly`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from snapeval.report.data import Series, Setting
 from snapeval.stats import Retention, mean_ci, retention, smallest_kept
+from snapeval.stats.output_length import Growth, growth, jointly, tokens_per_correct
 
 NAN3 = (math.nan, math.nan, math.nan)
 
@@ -29,9 +31,24 @@ class Flip:
 
 
 @dataclass(frozen=True)
+class OutputCost:
+    """A method's output against the full cache's on the paired samples that stored both generated token
+    counts: the growth of the mean with its bounds, mean decode seconds per sample and generated tokens
+    per correct answer (NaN where none is correct, or nothing was stored)."""
+
+    growth: Growth
+    decode_s: float
+    full_decode_s: float
+    per_correct: float
+    full_per_correct: float
+
+
+@dataclass(frozen=True)
 class Comparison:
     """A compressed setting against the full cache on the samples both stored (``paired`` of them): the
-    retention's one-sided 95% bounds (:func:`snapeval.stats.retention`; None without a paired sample)."""
+    retention's one-sided 95% bounds (:func:`snapeval.stats.retention`; None without a paired sample), its
+    output cost (None where no paired sample stored generated tokens), and the largest growth of output
+    length that a verdict allows (None: any)."""
 
     setting: Setting
     paired: int
@@ -39,6 +56,8 @@ class Comparison:
     bounds: Retention | None
     kv_ratio: float
     flips: tuple[Flip, ...]
+    output: OutputCost | None = None
+    max_growth: float | None = None
 
     @property
     def retention(self) -> tuple[float, float, float]:
@@ -46,8 +65,15 @@ class Comparison:
         return (self.bounds.ratio, self.bounds.lower, self.bounds.upper) if self.bounds else NAN3
 
     def verdict(self, target: float) -> str:
-        """``pass``, ``fail``, ``open`` or ``too few`` (nothing paired is too few)."""
-        return self.bounds.verdict(target) if self.bounds else "too few"
+        """``pass``, ``fail``, ``open`` or ``too few`` (nothing paired is too few): of the retention
+        ``target``, and of output growth at most :attr:`max_growth` where that is set (too few where no
+        generated tokens were stored)."""
+        if self.bounds is None:
+            return "too few"
+        if self.max_growth is None:
+            return self.bounds.verdict(target)
+        grown = self.output.growth.verdict(self.max_growth) if self.output else "too few"
+        return jointly(self.bounds.verdict(target), grown)
 
     def meets(self, target: float) -> bool:
         return self.verdict(target) == "pass"
@@ -68,12 +94,13 @@ def accuracy_interval(setting: Setting) -> tuple[float, float, float]:
     return mean_ci(setting.scores().values())
 
 
-def compare(setting: Setting, full: Setting | None) -> Comparison:
-    """``setting`` against ``full`` on the sample ids both scored."""
+def compare(setting: Setting, full: Setting | None, max_growth: float | None = None) -> Comparison:
+    """``setting`` against ``full`` on the sample ids both scored; its verdicts require output growth at
+    most ``max_growth`` where that is given."""
     scores, reference = setting.scores(), full.scores() if full else {}
     paired = [sample_id for sample_id in scores if sample_id in reference]
     if not paired:
-        return Comparison(setting, 0, math.nan, None, math.nan, ())
+        return Comparison(setting, 0, math.nan, None, math.nan, (), max_growth=max_growth)
     method = [scores[i] for i in paired]
     base = [reference[i] for i in paired]
     rows = list(zip(_rows(setting, paired), _rows(full, paired), strict=True))
@@ -84,6 +111,8 @@ def compare(setting: Setting, full: Setting | None) -> Comparison:
         bounds=retention(method, base),
         kv_ratio=_kv_ratio(rows),
         flips=_flips(rows),
+        output=_output_cost(rows),
+        max_growth=max_growth,
     )
 
 
@@ -119,6 +148,34 @@ def _kv_ratio(rows: Pairs) -> float:
     if not pairs:
         return math.nan
     return sum(mine for mine, _ in pairs) / sum(theirs for _, theirs in pairs)
+
+
+def _output_cost(rows: Pairs) -> OutputCost | None:
+    """The output cost on the paired samples whose rows both stored ``generated_tokens``."""
+    measured = [
+        (mine, theirs)
+        for mine, theirs in rows
+        if mine["generated_tokens"] is not None and theirs["generated_tokens"] is not None
+    ]
+    if not measured:
+        return None
+    mine, theirs = [row for row, _ in measured], [row for _, row in measured]
+    tokens = [row["generated_tokens"] for row in mine]
+    full_tokens = [row["generated_tokens"] for row in theirs]
+    return OutputCost(
+        growth=growth(tokens, full_tokens),
+        decode_s=_mean_decode(mine),
+        full_decode_s=_mean_decode(theirs),
+        per_correct=tokens_per_correct(tokens, [row["score"] for row in mine]),
+        full_per_correct=tokens_per_correct(full_tokens, [row["score"] for row in theirs]),
+    )
+
+
+def _mean_decode(rows: list[dict[str, Any]]) -> float:
+    """Mean decode seconds of the rows that stored them (NaN where none did)."""
+    seconds = [row["decode_s"] for row in rows if row["decode_s"] is not None]
+    seconds = [value for value in seconds if not math.isnan(value)]
+    return sum(seconds) / len(seconds) if seconds else math.nan
 
 
 def _flips(rows: Pairs) -> tuple[Flip, ...]:

@@ -1,5 +1,5 @@
 """The blocks of one experiment: its figure, accuracy and retention per setting, the smallest budget per
-retention target, memory, traces, the samples that flipped, and provenance."""
+retention target, memory, output length, traces, the samples that flipped, and provenance."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from snapeval.report.document import (
     number,
     shortened,
 )
+from snapeval.report.output_length import output_length_blocks
 from snapeval.report.provenance import provenance_blocks
 from snapeval.results.summary import summary_of
 
@@ -37,22 +38,36 @@ TOO_SMALL_NOTE = (
 
 @dataclass(frozen=True)
 class Analysis:
-    """An experiment with its comparisons (by setting hash) and decisions (per series and target)."""
+    """An experiment with its comparisons (by setting hash) and decisions (per series and target), each
+    decision requiring output growth at most ``max_growth`` where that is set."""
 
     experiment: Experiment
     comparisons: dict[str, Comparison]
     decisions: list[Decision]
+    max_growth: float | None = None
 
 
-def analyse(experiment: Experiment, targets: tuple[float, ...]) -> Analysis:
-    """Every compressed setting against the full cache, and the decision per series and target."""
+def analyse(experiment: Experiment, targets: tuple[float, ...], max_growth: float | None = None) -> Analysis:
+    """Every compressed setting against the full cache, and the decision per series and target (and
+    output growth at most ``max_growth``, where given)."""
     comparisons = {
-        setting.digest: compare(setting, experiment.full)
+        setting.digest: compare(setting, experiment.full, max_growth)
         for series in experiment.series
         for setting in series.settings
     }
     decisions = [decide(series, comparisons, target) for series in experiment.series for target in targets]
-    return Analysis(experiment, comparisons, decisions)
+    return Analysis(experiment, comparisons, decisions, max_growth)
+
+
+def decided(max_growth: float | None) -> str:
+    """What a decision table names: the smallest budget shown to keep each target (and bounded growth)."""
+    subject = "smallest budget shown to keep each retention target"
+    return subject if max_growth is None else f"{subject} with output growth at most {max_growth:g}"
+
+
+def target_label(target: float, max_growth: float | None) -> str:
+    """A decision column's name: ``Retention 0.95``, with ``, growth ≤ 1.1`` where growth is bounded."""
+    return f"Retention {target:g}" + ("" if max_growth is None else f", growth ≤ {max_growth:g}")
 
 
 def decision_cell(decision: Decision) -> Cell:
@@ -65,8 +80,12 @@ def decision_cell(decision: Decision) -> Cell:
         bounds = largest.bounds
         if bounds is not None and bounds.verdict(decision.target) == "too few":
             return Mark(f"{TOO_SMALL}: {bounds.evidence} of {bounds.needed(decision.target):g}", "muted")
+        grown = ""
+        if largest.max_growth is not None:
+            grown = f", growth {number(largest.output.growth.ratio) if largest.output else 'not stored'}"
         return Mark(
-            f"{NONE_PASSES} (largest {largest.setting.size_label}: {number(largest.retention[0])})", "fail"
+            f"{NONE_PASSES} (largest {largest.setting.size_label}: {number(largest.retention[0])}{grown})",
+            "fail",
         )
     passing = decision.passing
     return Mark(f"{passing.setting.size_label} (retention {number(passing.retention[0])})", "pass")
@@ -117,9 +136,10 @@ def experiment_blocks(
             "rank of a tensor-parallel run, so settings run at different TP degrees compare.",
             note=True,
         ),
-        Heading(3, "Smallest budget shown to keep each retention target"),
+        Heading(3, decided(analysis.max_growth).capitalize()),
         *_decision_table(analysis, targets),
         *capacity_blocks(experiment, analysis.decisions),
+        *output_length_blocks(analysis.experiment, analysis.comparisons, analysis.max_growth),
         *_trace_blocks(experiment),
         *_flip_blocks(analysis, flips),
         *provenance_blocks(experiment),
@@ -177,9 +197,9 @@ def _setting_cells(
 
 
 def _meets(comparison: Comparison, target: float) -> Cell:
-    if not comparison.paired:
+    if comparison.bounds is None:
         return Mark("no paired sample", "muted")
-    verdict = comparison.verdict(target)
+    verdict = comparison.bounds.verdict(target)
     marks = {"pass": ("yes", "pass"), "fail": ("no", "fail"), "open": ("open", "muted")}
     return Mark(*marks.get(verdict, (f"too few (needs {comparison.bounds.needed(target):g})", "muted")))
 
@@ -193,7 +213,7 @@ def _decision_table(analysis: Analysis, targets: tuple[float, ...]) -> list[Bloc
         (label, ", ".join(s.size_label for s in decisions[0].series.settings), *map(decision_cell, decisions))
         for label, decisions in by_series.items()
     )
-    header = ("Method", "Budgets measured", *(f"Retention {t:g}" for t in targets))
+    header = ("Method", "Budgets measured", *(target_label(t, analysis.max_growth) for t in targets))
     return [Table(header, rows), *decision_notes(rows)]
 
 

@@ -1,13 +1,20 @@
 """How often the decisions are wrong, by simulation: paired scores drawn from a known truth, judged by the
 project's own rule (:func:`snapeval.stats.retention`), ladder (:func:`snapeval.stats.smallest_kept`) and
-budget search (:func:`snapeval.commands.search.search`); and how often an engine is flagged "compression
-not applied?" (:func:`flag_rate`, the test of :class:`snapeval.stats.agreement.Unchanged`).
+budget search (:func:`snapeval.commands.search.search`); how often an engine is flagged "compression
+not applied?" (:func:`flag_rate`, the test of :class:`snapeval.stats.agreement.Unchanged`); and how often
+the bounds of output-length growth miss it and a setting that grows more than a bound passes
+(:func:`growth_misses`, :func:`growth_pass_rate`, the rule of :mod:`snapeval.stats.output_length`).
 
 The truth: the full cache is right with probability ``full_accuracy``; on a sample it got right the method
 keeps the answer with probability ``keep``; on one it missed the method is right with probability ``gain``.
 True retention is ``keep + gain * (1 - full_accuracy) / full_accuracy``. Across budgets one uniform draw per
 sample decides every budget (kept where the draw is below the budget's ``keep``), so a larger budget keeps
 what a smaller one kept, as the same prompts do under a growing cache.
+
+Output lengths (:func:`token_draws`): a problem's length is lognormal around ``scale`` (``spread``, the
+log-sd across problems); each setting's trace adds its own lognormal noise (``noise``) of mean one, and the
+method's is ``factor`` times as long, so the true growth of the means is ``factor`` exactly; ``cap`` stops
+traces as ``max_new_tokens`` does (the true growth is then the capped means' ratio).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import numpy as np
 
 from snapeval.stats.agreement import Unchanged
 from snapeval.stats.ladder import smallest_kept
+from snapeval.stats.output_length import growth, jointly
 from snapeval.stats.retention import CONFIDENCE, retention
 
 
@@ -156,3 +164,71 @@ def flag_rate(
         for changed, reference_changed in zip(engine.sum(axis=1), reference.sum(axis=1), strict=True)
     ]
     return float(np.mean(flagged))
+
+
+def token_draws(
+    rng: np.random.Generator,
+    trials: int,
+    n: int,
+    factor: float,
+    spread: float,
+    noise: float,
+    cap: float = np.inf,
+    scale: float = 3000.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per trial and sample: the method's generated tokens and the full cache's (the module's model)."""
+    problem = scale * np.exp(rng.normal(0.0, spread, (trials, n)))
+
+    def trace(times: float) -> np.ndarray:
+        return np.minimum(times * problem * np.exp(rng.normal(-(noise**2) / 2, noise, (trials, n))), cap)
+
+    full = trace(1.0)
+    return trace(factor), full
+
+
+def growth_misses(
+    n: int,
+    factor: float,
+    truth: float,
+    trials: int,
+    seed: int,
+    spread: float,
+    noise: float,
+    cap: float = np.inf,
+) -> tuple[float, float]:
+    """The shares of ``trials`` in which the upper bound of growth lies below ``truth`` and the lower bound
+    above it, when the method's traces are ``factor`` times as long (``truth``: the growth of the means,
+    ``factor`` itself without a cap)."""
+    method, full = token_draws(np.random.default_rng(seed), trials, n, factor, spread, noise, cap)
+    bounds = [growth(m, f) for m, f in zip(method, full, strict=True)]
+    return (
+        float(np.mean([b.upper < truth for b in bounds])),
+        float(np.mean([b.lower > truth for b in bounds])),
+    )
+
+
+def growth_pass_rate(
+    n: int,
+    true_growth: float,
+    bound: float,
+    trials: int,
+    seed: int,
+    target: float = 0.95,
+    spread: float = 0.8,
+    noise: float = 0.3,
+) -> float:
+    """The share of ``trials`` in which a setting passes both ``target`` retention and growth at most
+    ``bound`` (:func:`snapeval.stats.output_length.jointly`) when it keeps every answer of a full cache
+    right on 90% of the samples and its traces grow by ``true_growth``."""
+    rng = np.random.default_rng(seed)
+    full_right, _ = draws(rng, trials, n, 0.9)
+    method, full = token_draws(rng, trials, n, true_growth, spread, noise)
+    passed = [
+        jointly(
+            retention(right.astype(float), right.astype(float)).verdict(target),
+            growth(m, f).verdict(bound),
+        )
+        == "pass"
+        for right, m, f in zip(full_right, method, full, strict=True)
+    ]
+    return float(np.mean(passed))
