@@ -4,6 +4,7 @@ takes milliseconds); composing configs and sweeps."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,25 @@ from tests.families import FAMILIES, SMOLLM2_VOCAB
 SMOLLM2 = ModelSpec.from_config(compose_config()["model"])
 
 
+@pytest.fixture(scope="session", autouse=True)
+def load_once() -> Iterator[Callable[..., torch.nn.Module]]:
+    """The session owns the models it loads: every run of a spec loaded before (its ``Loaded``) gets that
+    model again, as :func:`smollm` does (the package keeps none: each run's ``Loaded`` loads its own)."""
+    from snapeval.run import evaluation
+
+    models: dict[tuple, torch.nn.Module] = {}
+
+    def loaded(spec: ModelSpec, attn_implementation: str | None = None) -> torch.nn.Module:
+        key = (spec, attn_implementation)
+        if key not in models:
+            models[key] = load_model(spec, attn_implementation)
+        return models[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(evaluation, "load_model", loaded)
+        yield loaded
+
+
 @dataclass
 class LoadedModel:
     spec: ModelSpec
@@ -32,10 +52,10 @@ class LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def smollm() -> LoadedModel:
-    """SmolLM2-135M-Instruct in fp32 on CPU, with the snapeval attention installed."""
+def smollm(load_once: Callable[..., torch.nn.Module]) -> LoadedModel:
+    """SmolLM2-135M-Instruct in fp32 on CPU, with the snapeval attention installed (the session's)."""
     torch.manual_seed(0)
-    return LoadedModel(SMOLLM2, load_tokenizer(SMOLLM2), install(load_model(SMOLLM2)))
+    return LoadedModel(SMOLLM2, load_tokenizer(SMOLLM2), install(load_once(SMOLLM2)))
 
 
 TINY_VOCAB = 512

@@ -20,6 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from snapeval.cache import build_cache, install
 from snapeval.cache.slots import SlotCache
 from snapeval.decode.continuous import ContinuousBatcher, Request
+from snapeval.decode.continuous.classes import RowClasses
 from snapeval.decode.generation import generate, prompt_logits
 from snapeval.decode.sampling import Sampling
 from tests.test_decode_eviction import TOY
@@ -100,17 +101,19 @@ def test_fixed_shape_rows_give_the_growing_caches_logits(tiny, params):
         prompt_logits(tiny, ids, plain)
         prompt_logits(tiny, ids, prefilled)
         slots = SlotCache.for_model(tiny, rows=2, capacity=len(ids) + 64)
-        slots.load_row(1, prefilled, new_tokens=len(forced))
+        rows = RowClasses([slots])
+        rows.load_row(1, prefilled, new_tokens=len(forced))
         for token in forced:
             expected = tiny(input_ids=torch.tensor([[token]]), past_key_values=plain).logits[0, -1]
-            slots.begin_step()
+            rows.begin_step()
             logits = tiny(
                 input_ids=torch.tensor([[0], [token]]),
-                position_ids=slots.seen[:, None],
-                attention_mask=slots.mask(),
-                past_key_values=slots,
+                position_ids=rows.seen[:, None],
+                attention_mask=rows.model_mask,
+                past_key_values=rows,
             ).logits[1, -1]
-            slots.end_step()
+            rows.end_step()
+            rows.check_step_attended()
             assert (logits - expected).abs().max() < TOLERANCE
     held, kept = slots.row_positions(1)[0], plain.kept_positions(0)[0]
     for head in range(held.shape[0]):  # the row holds exactly the tokens the plain cache holds

@@ -65,7 +65,7 @@ def test_a_single_device_run_loads_onto_the_device_without_moving_the_model(
         return model
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(recording))
-    model = load_model.__wrapped__(spec)  # not the process's cached copy
+    model = load_model(spec)
     assert [call.get("device_map") for call in calls] == [torch.device("cpu")]
     assert moves == [], "the loaded model was moved with .to(): its weights went through the host"
     assert {parameter.device for parameter in model.parameters()} == {torch.device("cpu")}

@@ -141,7 +141,6 @@ def recipe(monkeypatch: pytest.MonkeyPatch) -> type:
     """The page's method added as the page says: its declaration run inside snapeval/configs/cache.py, its
     engine as the module snapeval/cache/first_tokens.py; the engine class."""
     from snapeval.configs import cache as declarations
-    from snapeval.configs import setting
 
     blocks = recipe_blocks()
     assert list(blocks) == ["snapeval/configs/cache.py", "snapeval/cache/first_tokens.py"]
@@ -150,7 +149,6 @@ def recipe(monkeypatch: pytest.MonkeyPatch) -> type:
     monkeypatch.setattr(declarations, "FirstTokens", inside["FirstTokens"], raising=False)
     assert declared_methods().keys() - METHODS.keys() == {"first_tokens"}  # found there, not listed
     monkeypatch.setitem(METHODS, "first_tokens", declarations.FirstTokens)
-    monkeypatch.setattr(setting, "_MADE", {})
     engine_module = types.ModuleType("snapeval.cache.first_tokens")
     monkeypatch.setitem(sys.modules, engine_module.__name__, engine_module)
     exec(compile(blocks["snapeval/cache/first_tokens.py"], str(METHODS_PAGE), "exec"), vars(engine_module))

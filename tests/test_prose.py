@@ -128,30 +128,17 @@ def test_a_package_that_lists_its_modules_lists_them_all():
     assert not any(unlisted.values()), unlisted
 
 
-def classes_setting(attribute: str) -> set[str]:
-    """``module.Class`` of every class of the package that sets ``attribute = True`` in its body."""
-    found = set()
-    for path in PACKAGE.rglob("*.py"):
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ClassDef) and any(
-                isinstance(item, ast.Assign)
-                and any(getattr(target, "id", None) == attribute for target in item.targets)
-                and getattr(item.value, "value", None) is True
-                for item in node.body
-            ):
-                found.add(f"{module}.{node.name}")
-    return found
-
-
 def test_the_seams_docstrings_name_what_the_code_passes():
-    """The attention's docstring names every cache that owns the decode mask; the batcher's package names
-    the class its decode step runs the rows in; a cache setting's docstring names each of its fields."""
+    """The attention's docstring names the cache interface it drives and each of its implementations; the
+    batcher's package names the class its decode step runs the rows in; a cache setting's docstring names
+    each of its fields."""
     from snapeval.cache import attention
+    from snapeval.cache.attended import AttendedCache
     from snapeval.configs.setting import CacheSetting
     from snapeval.decode import continuous
 
-    owners = classes_setting("owns_decode_mask")
+    kinds = [AttendedCache, *AttendedCache.__subclasses__()]  # the rows' class: imported with the batcher
+    owners = {f"{kind.__module__}.{kind.__name__}" for kind in kinds}
     assert len(owners) >= 3
     unnamed = sorted(owner for owner in owners if f":class:`~{owner}`" not in attention.__doc__)
     assert not unnamed, f"snapeval/cache/attention.py does not name {unnamed}"

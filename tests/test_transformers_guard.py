@@ -202,7 +202,7 @@ def test_the_lm_eval_model_stops_in_one_line(tiny_llama_folder, tmp_path, monkey
     from snapeval.commands.lm_eval_model import SnapStreamLM
 
     hide_the_cache(monkeypatch)
-    model = FAMILIES["llama"](SMOLLM2_VOCAB)  # a folder of its own: load_model keeps what it loaded
+    model = FAMILIES["llama"](SMOLLM2_VOCAB)  # a folder of its own
     model.save_pretrained(tmp_path / "model")
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (tiny_llama_folder / name).exists():

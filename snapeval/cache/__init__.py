@@ -22,7 +22,6 @@ from snapeval.cache.snapstream import SnapStreamCache
 from snapeval.cache.speculative_prefill import SpeculativePrefillCache
 from snapeval.cache.streaming_llm import StreamingLLMCache
 from snapeval.configs.setting import CacheSetting, effective_params
-from snapeval.errors import SnapevalError
 
 __all__ = [
     "CacheGrid",
@@ -35,7 +34,6 @@ __all__ = [
     "SpeculativePrefillCache",
     "StreamingLLMCache",
     "build_cache",
-    "cache_setting",
     "effective_params",
     "install",
     "method_class",
@@ -47,25 +45,10 @@ def build_cache(setting: CacheSetting | Mapping[str, Any], strict: bool = True) 
     """A new cache of ``setting``: a :class:`~snapeval.configs.setting.CacheSetting` (the plan's), or a
     node ``{"method": name, **parameters}`` (``name`` may be ``package.module:ClassName``). Unknown
     method names are errors. A node's unknown parameters are errors when ``strict``; otherwise they are
-    dropped, so that one sweep can give ``budget`` to every method, the full cache included.
+    dropped, so that one sweep can give ``budget`` to every method, the full cache included
+    (:meth:`CacheSetting.of <snapeval.configs.setting.CacheSetting.of>`).
     """
-    setting = cache_setting(setting, strict)
+    setting = CacheSetting.of(setting, strict)
     cache = method_class(setting.method)(**dict(setting.params))
     cache.method = setting.method  # an outside method is stored under the path that loads it again
     return cache
-
-
-def cache_setting(node: CacheSetting | Mapping[str, Any], strict: bool = True) -> CacheSetting:
-    """The setting of a ``node`` (:func:`build_cache`'s checks: an unknown method, a parameter it does not
-    take when ``strict``, a bad value, each in one line naming its field)."""
-    if isinstance(node, CacheSetting):
-        return node
-    method = node.get("method")
-    accepted = method_class(method).parameter_names()
-    unknown = sorted(set(node) - {"method", *accepted})
-    if strict and unknown:
-        raise SnapevalError(
-            f"{method} takes no parameter {', '.join(unknown)}; it takes {', '.join(accepted) or 'none'}",
-            f"cache.{unknown[0]}",
-        )
-    return CacheSetting.of({key: value for key, value in node.items() if key == "method" or key in accepted})

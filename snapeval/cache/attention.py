@@ -5,24 +5,25 @@ in that order, for every layer, but does not give the attention function the cac
 wraps each attention module's ``forward`` so that the ``past_key_values`` it receives also reaches the
 attention function (as the ``snapeval_cache`` keyword, through transformers' attention kwargs): no state
 outside the call, so two models or two threads never see each other's cache, and ``torch.compile``
-traces it as plain arguments. When that cache owns the decode mask (``owns_decode_mask``: a
+traces it as plain arguments. When that cache is an :class:`~snapeval.cache.attended.AttendedCache` (a
 :class:`~snapeval.cache.base.SnapevalCache`, or the batcher's rows,
 :class:`~snapeval.decode.continuous.classes.RowClasses`, a :class:`~snapeval.cache.slots.SlotCache` per
 class of rows), the attention function registered here as ``"snapeval"``
 
-* at prefill, runs the model's base attention with the model's causal/padding (and sliding-window) mask,
-  and afterwards gives the cache the layer's post-RoPE queries so it can score and compress that layer;
-* at decode, replaces the model's mask by the cache's own: which slots are valid, causally visible and,
-  on a layer with a sliding window, inside it (:func:`snapeval.cache.ring.visible_slots`). A compressed
-  cache holds tokens out of order, so only the cache knows that mask; the batcher's rows attend each
-  class over its own slots (``decode_parts``). One query token per row over SDPA is attended by
-  the engine's decode attention (:func:`~snapeval.cache.decode_attention.grouped_decode_attention`, or the
-  split-KV :func:`~snapeval.cache.decode_attention.split_decode_attention` where the rows ask for it; an
-  MLA layer in latent space, :func:`~snapeval.cache.mla.absorbed_decode_attention`), anything else by the
-  base attention. The cache may also transform the keys attended to
-  (:meth:`~snapeval.cache.base.SnapevalCache.attention_keys`), and afterwards it notes the step's query
-  and input (``record``: a cache that evicts while decoding scores from them, see
-  :mod:`snapeval.cache.eviction`).
+* at prefill (a :class:`~snapeval.cache.base.SnapevalCache` awaiting it), runs the model's base
+  attention with the model's causal/padding (and sliding-window) mask, and afterwards gives the cache the
+  layer's post-RoPE queries so it can score and compress that layer;
+* at decode, replaces the model's mask by the cache's own, in the order the
+  :class:`~snapeval.cache.attended.AttendedCache` declares: which slots are valid, causally visible and,
+  on a layer with a sliding window, inside it (:func:`snapeval.cache.ring.visible_slots`), per part of
+  the rows (``decode_parts``: the batcher's rows attend each class over its own slots). A compressed
+  cache holds tokens out of order, so only the cache knows that mask. One query token per row over SDPA
+  is attended by the engine's decode attention
+  (:func:`~snapeval.cache.decode_attention.grouped_decode_attention`, or the split-KV
+  :func:`~snapeval.cache.decode_attention.split_decode_attention` where the cache asks for it; an MLA
+  layer in latent space, :func:`~snapeval.cache.mla.absorbed_decode_attention`), anything else by the
+  base attention. Afterwards the cache notes the step's query and input (``record``: a cache that evicts
+  while decoding scores from them, see :mod:`snapeval.cache.eviction`).
 
 The base attention is chosen once per model by :func:`install`: SDPA (boolean masks), or, for a model
 loaded with eager attention (a family whose attention SDPA cannot express: Gemma 2's logit softcap,
@@ -44,6 +45,7 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
+from snapeval.cache.attended import AttendedCache, DecodeCall
 from snapeval.cache.base import SnapevalCache
 from snapeval.cache.decode_attention import SPLIT_CHUNK, grouped_decode_attention, split_decode_attention
 from snapeval.cache.method import LAYER_WINDOW
@@ -97,14 +99,14 @@ def snapeval_attention(
             f"{family}: SDPA would drop its attention {' / '.join(SDPA_DROPS)}; load it with eager attention",
             "model",
         )
-    owns_mask = getattr(cache, "owns_decode_mask", False)
+    attended = isinstance(cache, AttendedCache)
     prefilling = isinstance(cache, SnapevalCache) and cache.awaiting_prefill(layer_idx)
     one_token = base is sdpa_attention_forward and _one_token_sdpa(query, kwargs)
     expand = vars(module).get(EXPAND_LATENT)  # an MLA module whose latent reaches here unexpanded
-    in_latent_space = expand is not None and owns_mask and not prefilling and one_token
-    if expand is not None and (not owns_mask or prefilling):
+    in_latent_space = expand is not None and attended and not prefilling and one_token
+    if expand is not None and (not attended or prefilling):
         key, value = expand(key, value)
-    if not owns_mask:
+    if not attended:
         return base(module, query, key, value, attention_mask, **kwargs)
     cache.note_attended(layer_idx)  # the engine is in the loop: see check_engine_in_loop
     if prefilling:
@@ -114,14 +116,10 @@ def snapeval_attention(
         valid = _valid_columns(attention_mask, key)
         cache.finish_prefill(layer_idx, query, valid, scaling, module, inputs)
         return output
-    window, heads = kwargs.get("sliding_window"), query.shape[1]
-    split = getattr(cache, "split_decode", False)  # the batcher's rows on a GPU: split-KV attention
-    if hasattr(cache, "decode_parts"):  # the batcher's rows, in classes of their own capacity
-        parts = cache.decode_parts(layer_idx, key, value, heads, window)
-    else:
-        parts = [(slice(None), key, value, cache.attention_mask(layer_idx, query.shape[2], heads, window))]
+    split = cache.split_decode  # the batcher's rows on a GPU: split-KV attention
     outputs = []
-    for rows, part_key, part_value, mask in parts:
+    call = DecodeCall(layer_idx, key, value, query, module, kwargs.get("sliding_window"))
+    for rows, part_key, part_value, mask in cache.decode_parts(call):
         if in_latent_space:
             projections = vars(module)[UP_PROJECTIONS]
             scaling = kwargs.get("scaling")
@@ -130,8 +128,6 @@ def snapeval_attention(
             continue
         if expand is not None:
             part_key, part_value = expand(part_key, part_value)
-        if isinstance(cache, SnapevalCache):
-            part_key = cache.attention_keys(layer_idx, part_key, module)
         one = (split_decode_attention if split else grouped_decode_attention) if one_token else None
         outputs.append(_decode_attention(module, base, one, query[rows], part_key, part_value, mask, kwargs))
     cache.record(layer_idx, query, module, inputs)  # a cache that evicts while decoding notes the step
@@ -234,7 +230,7 @@ def _passing_the_cache(forward: Callable, names: tuple[str, ...], place: int | N
         else:
             cache = next((kwargs[key] for key in names if kwargs.get(key) is not None), None)
         extra = {CACHE_KWARG: cache}
-        if getattr(cache, "wants_layer_inputs", False):
+        if isinstance(cache, AttendedCache) and cache.wants_layer_inputs:
             extra[INPUTS_KWARG] = {key: value for key, value in kwargs.items() if key not in names}
         return forward(*args, **extra, **kwargs)
 
@@ -326,14 +322,14 @@ def _latent_as_it_is(latent: torch.Tensor, rotary: torch.Tensor) -> tuple[torch.
 
 def _check_engine_in_loop(model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
     """After an installed model's forward: every snapeval cache it was given saw its last layer attended
-    (the layers before it are checked as the next one takes its keys). A compiled step is checked by
-    its caller (:meth:`~snapeval.cache.slots.SlotCache.check_step_attended`)."""
+    (the layers before it are checked as the next one takes its keys). The batcher's rows are checked by
+    their caller once the step's tokens are read
+    (:meth:`~snapeval.decode.continuous.classes.RowClasses.check_step_attended`)."""
     if torch.compiler.is_compiling():
         return
     for value in (*args, *kwargs.values()):
-        check = getattr(value, "check_engine_in_loop", None)
-        if callable(check) and not isinstance(value, torch.Tensor):
-            check()
+        if isinstance(value, SnapevalCache):
+            value.check_engine_in_loop()
 
 
 def _eager_attention(model: PreTrainedModel, module: torch.nn.Module) -> Callable:

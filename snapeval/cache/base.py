@@ -1,6 +1,7 @@
 """The base class of all caches: a :class:`~snapeval.cache.method.CacheMethod` as transformers needs a
-cache to be (``update`` before each layer's attention, the prefill's compression, decode masks, the
-engine's in-the-loop check, and what a cache holds).
+cache to be (``update`` before each layer's attention, the prefill's compression) and as the snapeval
+attention attends it (an :class:`~snapeval.cache.attended.AttendedCache`: decode masks, the engine's
+in-the-loop check), and what a cache holds.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache
 
+from snapeval.cache.attended import AttendedCache, DecodeCall, DecodePart
 from snapeval.cache.layer import KVLayer
 from snapeval.cache.method import CacheMethod, LayerPrompt
 from snapeval.cache.ring import EMPTY
@@ -18,15 +20,14 @@ from snapeval.couplings import engine_bypassed
 from snapeval.errors import SnapevalError
 
 
-class SnapevalCache(CacheMethod, Cache):
+class SnapevalCache(CacheMethod, Cache, AttendedCache):
     """Base of every snapeval cache. A subclass states its algorithm in :meth:`select`.
 
     Use it like any transformers cache: ``model.generate(ids, past_key_values=SnapStreamCache(budget=1024))``
-    on a model prepared with :func:`snapeval.cache.install`. A cache object serves one generation.
+    on a model prepared with :func:`snapeval.cache.install`. A cache object serves one generation
+    (:meth:`release` empties it for another).
     """
 
-    owns_decode_mask = True
-    """The snapeval attention asks the cache for its decode masks (:meth:`attention_mask`)."""
     unattended: int | None = None
     """The layer whose keys this cache took last and whose attention has not yet taken the cache."""
 
@@ -91,11 +92,11 @@ class SnapevalCache(CacheMethod, Cache):
         layer.update(prompt.keys, values)
         self.keep_prompt(layer, prompt)
 
-    def attention_mask(
-        self, layer_idx: int, query_length: int, num_heads: int, window: int | None = None
-    ) -> torch.Tensor | None:
-        """The decode mask of ``layer_idx`` (``window``: the layer's sliding window, if it has one)."""
-        return self.layers[layer_idx].attention_mask(query_length, num_heads, window)
+    def decode_parts(self, call: DecodeCall) -> list[DecodePart]:
+        """One part, every row: the held keys as :meth:`attention_keys` gives them, with the layer's mask."""
+        layer_idx, key, value, query, module, window = call
+        mask = self.layers[layer_idx].attention_mask(query.shape[2], query.shape[1], window)
+        return [DecodePart(slice(None), self.attention_keys(layer_idx, key, module), value, mask)]
 
     def record(
         self, layer_idx: int, query: torch.Tensor, module: torch.nn.Module, inputs: Mapping[str, Any] | None
@@ -183,6 +184,12 @@ class SnapevalCache(CacheMethod, Cache):
     def kv_bytes(self) -> int:
         """Bytes of keys and values held, all layers."""
         return sum(layer.kv_bytes() for layer in self.layers)
+
+    def release(self) -> None:
+        """Drop every layer held (the rows it was copied into hold their copies): the cache is empty again,
+        its method's parameters kept."""
+        self.layers.clear()
+        self.unattended = None
 
 
 def _step_input(hidden: torch.Tensor | None) -> torch.Tensor | None:

@@ -22,8 +22,7 @@ import torch
 from snapeval.cache.eviction import Eviction, compacted
 from snapeval.cache.layer import Selection
 from snapeval.cache.mla import is_latent, latent_keys, latent_queries
-from snapeval.configs.methods import METHODS, method_params, parameter_names, stored_params
-from snapeval.configs.setting import CacheSetting
+from snapeval.configs.methods import method_params, parameter_names, stored_params
 from snapeval.errors import SnapevalError
 
 __all__ = ["CacheMethod", "LayerPrompt", "Selection", "resolve_budget"]
@@ -118,7 +117,8 @@ class CacheMethod(ABC):
         unknown = sorted(set(params) - set(self.parameter_names()))
         if unknown:
             raise TypeError(f"{type(self).__name__} takes no parameter {', '.join(unknown)}")
-        made = _declaration(self.params_class, {"method": self.method, **params})
+        given = {"method": self.method, **params}
+        made = None if self.params_class is None else method_params(self.params_class, given)
         for name in self.parameter_names():
             setattr(self, name, getattr(made, name))
 
@@ -168,16 +168,6 @@ class CacheMethod(ABC):
         if not 0 < kept.shape[-1] < eviction.slots:
             raise SnapevalError(f"{self.method} kept {kept.shape[-1]} of {eviction.slots} slots", "cache")
         return compacted((held.keys, held.values, held.positions), kept, eviction.slots), kept.shape[-1]
-
-
-def _declaration(params_class: type | None, node: Mapping[str, Any]) -> Any:
-    """A method's declaration made from ``node``: a built-in method's is its setting's (made once per
-    setting in a process), one outside the package made here."""
-    if params_class is None:
-        return None
-    if METHODS.get(node["method"]) is params_class:
-        return CacheSetting.of(node).declaration
-    return method_params(params_class, node)
 
 
 def resolve_budget(budget: int | None, ratio: float | None, prompt_length: int, minimum: int) -> int:

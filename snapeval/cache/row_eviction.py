@@ -13,6 +13,7 @@ in place (the buffers keep their storage, so a compiled step and a CUDA graph re
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,9 +21,24 @@ import torch
 from snapeval.cache.attention import LOCAL_HEADS, ROTARY_MODULE
 from snapeval.cache.base import EMPTY, SnapevalCache
 from snapeval.cache.eviction import Eviction, Recent
+from snapeval.cache.ring import RowRings
 from snapeval.errors import SnapevalError
 
 QUERIES, HIDDEN = "queries", "hidden_states"
+
+
+@dataclass(frozen=True)
+class Reselection:
+    """A row due for re-selection: the ``method`` that scores it and its ``eviction`` rule, the tokens it
+    holds (``held``), the steps it was ``fed`` since it was loaded and ``since`` its last re-selection, and
+    its ``prompt_length`` (its columns before decoding)."""
+
+    method: SnapevalCache
+    eviction: Eviction
+    held: int
+    fed: int
+    since: int
+    prompt_length: int
 
 
 class StepRecorder:
@@ -85,18 +101,14 @@ class StepRecorder:
     def reselect_row(
         self,
         buffers: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]],
-        rings: Any,
+        rings: RowRings,
         row: int,
-        method: SnapevalCache,
-        eviction: Eviction,
-        counts: tuple[int, int, int],
-        prompt_length: int,
+        due: Reselection,
     ) -> int:
         """Re-select ``row`` of a slot cache's ``buffers`` (keys, values, columns per layer) and full-layer
-        ``rings`` in place; ``counts``: the tokens it holds, the steps it was fed since loading and since
-        its last re-selection; ``prompt_length``: its columns before decoding. Returns the tokens held."""
-        held, fed, since = counts
-        kept = held
+        ``rings`` in place, as ``due`` says. Returns the tokens the row holds."""
+        method, eviction, held, fed, since = due.method, due.eviction, due.held, due.fed, due.since
+        prompt_length, kept = due.prompt_length, held
         for index in self.full_layers:
             module = self.modules[index]
             keys, values, positions = (layers[index] for layers in buffers)

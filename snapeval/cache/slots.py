@@ -12,10 +12,11 @@ row is a ring of ``min(window, the row's slots)`` slots taking the cache's ring 
 
 The per-row cursors (ring start, size, next slot, wraps; one set per window value, full layers' included)
 and tokens seen are device tensors, moved by the functions of :mod:`snapeval.cache.ring` that the
-single-sequence caches use too. A decode step (:meth:`begin_step`, one model call, :meth:`end_step`)
-writes each row's token at its own slot, masks what each row does not hold, and advances the cursors with
-tensor operations only: no host synchronisation, no branch on tensor values, no allocation, so it
-compiles to one graph and can be captured as a CUDA graph. Different prompt lengths, budgets and methods
+single-sequence caches use too. A decode step (:meth:`begin_step`, one model call, :meth:`end_step`,
+driven by the batcher's :class:`~snapeval.decode.continuous.classes.RowClasses`, the cache the model is
+handed) writes each row's token at its own slot, masks what each row does not hold, and advances the
+cursors with tensor operations only: no host synchronisation, no branch on tensor values, no allocation,
+so it compiles to one graph and can be captured as a CUDA graph. Different prompt lengths, budgets and methods
 in one batch are just rows with different valid slots.
 
 Which slots are valid is the same for every full layer and KV head of a row (every method keeps the same
@@ -42,23 +43,23 @@ from snapeval.cache.ring import (
     write_slots,
 )
 from snapeval.cache.rope import KeyRotation
-from snapeval.cache.row_eviction import StepRecorder
+from snapeval.cache.row_eviction import Reselection, StepRecorder
 from snapeval.cache.row_sinks import RowSinks
 from snapeval.configs.footprint import layer_slots, row_slots, slot_bytes
-from snapeval.couplings import engine_bypassed
 from snapeval.errors import SnapevalError
 
 
 class SlotCache:
-    """``rows`` decode rows of ``capacity`` slots per full layer and KV head, filled one request at a time.
+    """``rows`` decode rows of ``capacity`` slots per full layer and KV head, filled one request at a time:
+    one class of the batcher's rows, whose step :class:`~snapeval.decode.continuous.classes.RowClasses`
+    drives (:meth:`begin_step`, then per layer :meth:`write`, :meth:`keys_to_attend`,
+    :meth:`attention_mask` and :meth:`record`, then :meth:`end_step`).
 
-    Pass it as ``past_key_values`` together with ``attention_mask=cache.mask()`` and
-    ``position_ids=cache.seen[:, None]``, one token per row, between :meth:`begin_step` and
-    :meth:`end_step`. ``rotations`` (per layer, how to turn its RoPE keys) are needed only for rows loaded
-    from a StreamingLLM cache with ``rerotate``. Keys are ``key_dim`` wide and values ``value_dim`` (MLA
-    caches a latent as keys and the narrower rotary key as values, in one cache head). ``windows``: per
-    layer, its sliding window or None; a windowed layer holds ``min(window, capacity)`` slots, with ring
-    cursors of its own (those of every layer with that window).
+    ``rotations`` (per layer, how to turn its RoPE keys) are needed only for rows loaded from a
+    StreamingLLM cache with ``rerotate``. Keys are ``key_dim`` wide and values ``value_dim`` (MLA caches a
+    latent as keys and the narrower rotary key as values, in one cache head). ``windows``: per layer, its
+    sliding window or None; a windowed layer holds ``min(window, capacity)`` slots, with ring cursors of
+    its own (those of every layer with that window).
     """
 
     def __init__(
@@ -90,7 +91,6 @@ class SlotCache:
         self.sinks = RowSinks(rows, device)  # StreamingLLM's re-rotated sinks
         self.rotations = rotations or [None] * layers  # per layer: how to re-rotate keys, or why not
         self.recorder = StepRecorder(rows, self.windows, modules or {}, device)  # for decode-time eviction
-        self.attended = torch.zeros(layers, dtype=torch.bool, device=device)  # this step's, per layer
 
     @classmethod
     def for_model(
@@ -104,11 +104,6 @@ class SlotCache:
         rotations = [getattr(attentions.get(index), ROPE_ROTATION, None) for index in range(len(attentions))]
         *shape, windows = shapes or cached_shapes(model)
         return cls(rows, capacity, *shape, model.device, rotations, list(windows), attentions)
-
-    @property
-    def valid(self) -> torch.Tensor:
-        """(rows, slots) which slots each row holds in its first layer."""
-        return self.rings[self.windows[0]].valid
 
     @property
     def ring_wraps(self) -> torch.Tensor:
@@ -147,7 +142,7 @@ class SlotCache:
         """Every buffer of the cache (their storage never changes while it lives)."""
         cursors = [tensor for rings in self.rings.values() for tensor in rings.tensors()]
         buffers = [*self.keys, *self.values, *self.positions, *cursors, self.seen, *self.sinks.tensors()]
-        return [*buffers, self.attended, *self.recorder.tensors()]
+        return [*buffers, *self.recorder.tensors()]
 
     # --- filling a row ---------------------------------------------------------------------------
     def load_row(self, row: int, cache: SnapevalCache, new_tokens: int) -> int:
@@ -203,7 +198,6 @@ class SlotCache:
         """Choose each row's slot for the token about to be fed and mark it valid."""
         for rings in self.rings.values():
             rings.begin_step()
-        self.attended.zero_()
 
     def admit(self, cache: SnapevalCache, prompt_length: int = 0) -> None:
         """Prepare the step for rows loaded from ``cache`` (after a prompt of ``prompt_length``): one that
@@ -219,38 +213,14 @@ class SlotCache:
                     raise SnapevalError(why, "cache.rerotate")
             self.sinks.prepare(cache.sinks, self.keys)
 
-    def mask(self) -> torch.Tensor:
-        """(rows, 1, 1, capacity) bool attention mask of the step for the model's call: the slots each row
-        holds in its first layer (the snapeval attention asks :meth:`attention_mask` per layer)."""
-        return self.valid[:, None, None, :]
-
-    owns_decode_mask = True
-    """The snapeval attention asks the cache for its decode masks (:meth:`attention_mask`)."""
-
-    def note_attended(self, layer_idx: int) -> None:
-        """The snapeval attention took the cache for ``layer_idx`` (a tensor write: compiled steps too)."""
-        self.attended[layer_idx] = True
-
-    def check_step_attended(self) -> None:
-        """After a step: raise if a layer's attention did not take the cache (the engine was bypassed)."""
-        if not bool(self.attended.all()):
-            raise engine_bypassed(int((~self.attended).nonzero()[0, 0]))
-
-    def attention_mask(
-        self, layer_idx: int, query_length: int, num_heads: int, window: int | None = None
-    ) -> torch.Tensor:
-        """The step's mask of ``layer_idx``: the slots each row holds (rows, 1, 1, slots), or on a layer
-        with a sliding ``window`` the rule of :func:`~snapeval.cache.ring.visible_slots` per KV head
-        (rows, num_heads, 1, slots)."""
+    def attention_mask(self, layer_idx: int, num_heads: int, window: int | None = None) -> torch.Tensor:
+        """The step's mask of ``layer_idx``, once its token is written: the slots each row holds (rows, 1,
+        1, slots: a view of the cursors' valid slots), or on a layer with a sliding ``window`` the rule of
+        :func:`~snapeval.cache.ring.visible_slots` per KV head (rows, num_heads, 1, slots)."""
         if window is None:
             return self.rings[self.windows[layer_idx]].valid[:, None, None, :]
         visible = visible_slots(self.positions[layer_idx], self.seen[:, None], window)
         return visible.repeat_interleave(num_heads // visible.shape[1], dim=1)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """transformers' cache hook: write one token per row, return the keys and values to attend."""
-        self.write(key_states, value_states, layer_idx)
-        return self.keys_to_attend(layer_idx), self.values[layer_idx]
 
     def write(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int) -> None:
         """Write the step's key and value of every row at the row's slot of ``layer_idx``."""
@@ -279,17 +249,18 @@ class SlotCache:
         if self.recorder.active:
             self.recorder.record(layer_idx, query, inputs)
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """What transformers < 5.3 asks before a step (for cache positions that our explicit position ids
-        and mask make unused): rows differ, so there is no one length; 0."""
-        return 0
-
     def end_step(self) -> None:
         """Advance every row's cursors past the token just written."""
         for rings in self.rings.values():
             rings.end_step()
         self.seen.add_(1)
         self.recorder.end_step()
+
+    def reselect_row(self, row: int, due: Reselection) -> int:
+        """Re-select ``row`` in place, between steps (see :meth:`StepRecorder.reselect_row`); returns the
+        tokens it holds."""
+        buffers = (self.keys, self.values, self.positions)
+        return self.recorder.reselect_row(buffers, self.rings[None], row, due)
 
     # --- what a row holds ------------------------------------------------------------------------
     def row_positions(self, row: int) -> torch.Tensor:

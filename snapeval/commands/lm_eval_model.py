@@ -33,7 +33,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from snapeval.cache import build_cache, cache_setting, install
+from snapeval.cache import CacheSetting, build_cache, install
 from snapeval.configs.compose import default_option
 from snapeval.configs.root import declared_default, declared_fields
 from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
@@ -80,7 +80,8 @@ class SnapStreamLM(LM):
             if value is not None or argument in ("compression", "compile"):
                 _check(argument, value)
         self.batch_size = _batch_size(batch_size)
-        self.setting = cache_setting({"method": method, **cache_parameters})  # before the model loads
+        node = {"method": method, **cache_parameters}
+        self.setting = CacheSetting.of(node, strict=True)  # before the model loads
         check_drafts([self.setting.stored])  # the run plan's check of the drafts a cache names
         spec = model_spec(pretrained or default_option("model"))
         if device and device.startswith("cuda") and not torch.cuda.is_available():

@@ -1,21 +1,20 @@
-"""One cache setting, checked and resolved once: what a ``cache`` node of a config stands for.
+"""One cache setting, checked and resolved: what a ``cache`` node of a config stands for.
 
-A config's ``cache`` node (or a grid point's) is a mapping as Hydra composed it. :meth:`CacheSetting.of`
-turns it into a frozen :class:`CacheSetting`: its ``method``, its ``declaration`` made from the node (the
-method's checks run; :func:`~snapeval.configs.methods.method_params`), the ``params`` results store (with
-the method, :attr:`CacheSetting.stored`) and the :attr:`CacheSetting.key` that tells settings apart. The
-config check (:func:`check_cache`) and the plan's grid points (their stored form, :func:`effective_params`)
-make each setting; a request carries it, the batcher keys its prefills and rows by its key, and the engine
-is built from it as it is (:func:`snapeval.cache.build_cache`). A setting depends on nothing but its node,
-so :data:`_MADE` remembers each one under its node and under its stored form (what the plan's points and
-the engine give back): the declaration's checks run once per setting per process. No torch.
+A config's ``cache`` node (or a grid point's) is a mapping as Hydra composed it. :meth:`CacheSetting.of`,
+the one way to make a setting, turns it into a frozen :class:`CacheSetting`: its ``method`` and the
+``params`` results store (with the method, :attr:`CacheSetting.stored`), read off the method's
+declaration made from the node (the method's checks run; :func:`~snapeval.configs.methods.method_params`),
+and the :attr:`CacheSetting.key` that tells settings apart. The config check (:func:`check_cache`) and
+the plan's grid points (their stored form, :func:`effective_params`) make settings; a request carries
+one, the batcher keys its prefills and rows by its key, and the engine is built from it as it is
+(:func:`snapeval.cache.build_cache`). A setting depends on nothing but its node: whoever reuses one keeps
+it. No torch.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from snapeval.configs.cache import FULL, SELF_DRAFT
@@ -33,25 +32,32 @@ from snapeval.errors import SnapevalError
 
 @dataclass(frozen=True)
 class CacheSetting:
-    """A cache setting: ``method``, ``params``, the (name, value) pairs results store (the parameters it
-    takes, defaults filled in, unset options left out, in declaration order) and ``declaration``, the
-    method's dataclass made from them (None for a method outside the package that declares no
-    parameters)."""
+    """A cache setting: ``method`` and ``params``, the (name, value) pairs results store (the parameters it
+    takes, defaults filled in, unset options left out, in declaration order)."""
 
     method: str
     params: tuple[tuple[str, Any], ...]
-    declaration: Any = field(default=None, compare=False, hash=False, repr=False)
 
     @classmethod
-    def of(cls, node: Mapping[str, Any] | CacheSetting) -> CacheSetting:
-        """The setting of a ``cache`` node; one line naming ``cache.<field>`` for a bad value."""
+    def of(cls, node: Mapping[str, Any] | CacheSetting, strict: bool = False) -> CacheSetting:
+        """The setting of a ``cache`` node (a setting is its own), its method's checks run: one line naming
+        ``cache.<field>`` for a bad value, and, when ``strict``, for a key the method takes no notice of
+        (else such a key is dropped, so that one sweep can give ``budget`` to every method)."""
         if isinstance(node, CacheSetting):
             return node
-        key = _node_key(node)
-        if key not in _MADE:
-            setting = _make(node)
-            _MADE[key] = _MADE.setdefault(_node_key(setting.stored), setting)
-        return _MADE[key]
+        method = node.get("method")
+        declared = params_class(method)
+        taken = parameter_names(declared)
+        unknown = sorted(set(node) - {"method", *taken})
+        if strict and unknown:
+            raise SnapevalError(
+                f"{method} takes no parameter {', '.join(unknown)}; it takes {', '.join(taken) or 'none'}",
+                f"cache.{unknown[0]}",
+            )
+        if declared is None:
+            return cls(str(method), ())
+        declaration = method_params(declared, node)
+        return cls(str(method), tuple(stored_params(declared, declaration).items()))
 
     @property
     def stored(self) -> dict[str, Any]:
@@ -78,29 +84,6 @@ class CacheSetting:
         """The speculative prefill draft this setting names, the target itself left out (None: none)."""
         draft = dict(self.params).get("draft")
         return None if draft in (None, SELF_DRAFT) else str(draft)
-
-
-def _node_key(node: Mapping[str, Any]) -> str:
-    """A node as one hashable value (its values are config scalars: JSON), less the keys its method
-    takes no notice of (two nodes that differ only there make the same setting)."""
-    taken = {"method", *parameter_names(params_class(node.get("method")))}
-    return json.dumps(
-        {key: value for key, value in node.items() if key in taken}, sort_keys=True, default=str
-    )
-
-
-_MADE: dict[str, CacheSetting] = {}
-"""Every setting made in this process, under its node's key and its stored form's (a memo: a setting is
-a function of its node alone)."""
-
-
-def _make(node: Mapping[str, Any]) -> CacheSetting:
-    method = node.get("method")
-    declared = params_class(method)
-    if declared is None:
-        return CacheSetting(str(method), ())
-    declaration = method_params(declared, node)
-    return CacheSetting(str(method), tuple(stored_params(declared, declaration).items()), declaration)
 
 
 def effective_params(node: Mapping[str, Any]) -> dict[str, Any]:

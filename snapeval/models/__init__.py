@@ -185,11 +185,11 @@ def base_attention(config: PretrainedConfig) -> str:
     return "sdpa" if getattr(model_class, "_supports_sdpa", True) and not softcap else "eager"
 
 
-@functools.lru_cache(maxsize=2)
 def load_model(spec: ModelSpec, attn_implementation: str | None = None) -> PreTrainedModel:
     """The causal LM in eval mode on the chosen device and dtype, with ``attn_implementation`` or the
-    family's :func:`base_attention`. A family the KV-cache engine cannot serve is refused from its config,
-    before the weights load (:func:`snapeval.cache.attention.check_model_config`).
+    family's :func:`base_attention`, loaded anew by every call: whoever reuses a model keeps it (a run's
+    :class:`~snapeval.run.evaluation.Loaded`). A family the KV-cache engine cannot serve is refused from
+    its config, before the weights load (:func:`snapeval.cache.attention.check_model_config`).
 
     Under torchrun (a launcher world of N > 1, :mod:`snapeval.models.parallel`) the model is split across
     the N ranks by its family's TP plan, each rank on its own device (``model.device`` is ignored); a model

@@ -72,7 +72,7 @@ class ContinuousBatcher:
         logits = self.model(
             input_ids=tokens[:, None],
             position_ids=slots.seen[:, None],
-            attention_mask=slots.mask(),
+            attention_mask=slots.model_mask,
             use_cache=True,
             **{self.cache_keyword: slots},
         ).logits[:, -1]
@@ -193,11 +193,12 @@ class _Run:
         prefill = self.live.setdefault(key, Prefill())
         if setting not in prefill.caches:
             fill(self.batcher.model, request, self.waiting(), prefill)
-        self.shares[key] -= 1
-        if self.shares[key] == 0:
-            del self.live[key]  # its rows hold their copies
         first = sample_one(prefill.logits[setting], request.sampling, 0)
         row = self.rows[index] = load_row(self.batcher.slots, index, request, prefill, self.sampling)
+        self.shares[key] -= 1
+        if self.shares[key] == 0:
+            del self.live[key]
+            prefill.release()  # its rows hold their copies
         stopped = take_token(row.tokens, first, request.stop_ids, request.max_new_tokens, request.should_stop)
         if stopped is not None:
             self.finish(index, stopped)

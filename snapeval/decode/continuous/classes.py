@@ -5,8 +5,10 @@ SnapStream setting its budget. Rows all sized for the largest request would make
 attend over (and allocate) the full cache's slots at every step. :func:`plan_classes` groups the
 requests by the slots they need into a few classes and gives each class rows in proportion to its
 requests; :class:`RowClasses` holds one :class:`~snapeval.cache.slots.SlotCache` per class, stacked as
-consecutive rows of one batch. A decode step is still one model call (the weights are read once); at
-each layer the snapeval attention attends each class over its own slots (:meth:`RowClasses.decode_parts`).
+consecutive rows of one batch, and is the cache the model's decode step is handed (an
+:class:`~snapeval.cache.attended.AttendedCache`). A decode step is still one model call (the weights are
+read once); at each layer the snapeval attention attends each class over its own slots
+(:meth:`RowClasses.decode_parts`).
 A row's result does not depend on the class it sits in: its slots past what it holds are masked out.
 """
 
@@ -19,8 +21,9 @@ from typing import Any
 import torch
 
 from snapeval.cache import SnapevalCache
+from snapeval.cache.attended import AttendedCache, AttendedLayers, DecodeCall, DecodePart
+from snapeval.cache.row_eviction import Reselection
 from snapeval.cache.slots import SlotCache
-from snapeval.couplings import engine_bypassed
 
 MAX_CLASSES = 8
 """The most classes of rows: each adds an attention call per layer and step."""
@@ -52,16 +55,17 @@ def plan_classes(needs: Iterable[int], rows: int) -> list[tuple[int, int]]:
     return [(capacity, count) for (capacity, _), count in zip(classes, counts, strict=True)]
 
 
-class RowClasses:
-    """Rows in classes of their own capacity (``parts``, ascending), as one cache for the model's step.
+class RowClasses(AttendedCache):
+    """Rows in classes of their own capacity (``parts``, ascending), as the one cache of the model's step.
 
-    Row ``index`` of the batch is row ``index - offset`` of the part that holds it (:meth:`locate`). Pass
-    it as the model's cache with ``attention_mask=mask()`` and ``position_ids=seen[:, None]``, between
-    :meth:`begin_step` and :meth:`end_step`, as a :class:`SlotCache`; with one part it is that part.
+    Row ``index`` of the batch is row ``index - offset`` of the part that holds it (:meth:`locate`). A
+    decode step, every phase here: :meth:`begin_step` (each part's slot for the token about to come);
+    the model's call, handed this cache, ``attention_mask=model_mask`` and ``position_ids=seen[:, None]``,
+    in which every layer calls :meth:`update` (each part writes its rows' token), then the snapeval
+    attention :meth:`note_attended`, :meth:`decode_parts` (each part's keys, values and masks) and
+    :meth:`record`; :meth:`end_step` (the cursors advance); and, once the step's tokens are read,
+    :meth:`check_step_attended`.
     """
-
-    owns_decode_mask = True
-    """The snapeval attention asks the cache for its decode masks (:meth:`decode_parts`)."""
 
     def __init__(self, parts: list[SlotCache], split_decode: bool = False) -> None:
         self.parts = parts
@@ -70,8 +74,11 @@ class RowClasses:
         self.rows = sum(part.rows for part in parts)
         self.capacity = parts[-1].capacity
         device = parts[0].seen.device
-        self.attended = torch.zeros(parts[0].num_layers, dtype=torch.bool, device=device)
-        self.unused_mask = torch.ones(self.rows, 1, 1, 1, dtype=torch.bool, device=device)
+        self.attended = AttendedLayers(parts[0].num_layers, device)
+        self.model_mask = torch.ones(self.rows, 1, 1, 1, dtype=torch.bool, device=device)
+        """What the model's call is handed as its ``attention_mask``: a 4D mask, which transformers passes
+        on as it is (it builds none of its own from this cache) and the snapeval attention never reads at
+        decode (each part's masks, :meth:`decode_parts`, replace it)."""
 
     @classmethod
     def for_model(
@@ -101,6 +108,11 @@ class RowClasses:
         part, index = self.locate(row)
         return part.load_row(index, cache, new_tokens)
 
+    def reselect_row(self, row: int, due: Reselection) -> int:
+        """Re-select batch row ``row`` between steps (see :meth:`SlotCache.reselect_row`)."""
+        part, index = self.locate(row)
+        return part.reselect_row(index, due)
+
     def admit(self, cache: SnapevalCache, prompt_length: int = 0) -> None:
         """Prepare every part's step for rows loaded from ``cache`` (see :meth:`SlotCache.admit`)."""
         for part in self.parts:
@@ -112,7 +124,8 @@ class RowClasses:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer of every part (their storage never changes while they live)."""
-        return [*(t for part in self.parts for t in part.tensors()), self.attended, self.unused_mask]
+        parts = [tensor for part in self.parts for tensor in part.tensors()]
+        return [*parts, self.attended.flags, self.model_mask]
 
     # --- one decode step ------------------------------------------------------------------------
     @property
@@ -122,55 +135,34 @@ class RowClasses:
             return self.parts[0].seen
         return torch.cat([part.seen for part in self.parts])
 
-    def mask(self) -> torch.Tensor:
-        """The step's attention mask for the model's call (one part's own; with several, a placeholder:
-        the snapeval attention asks each part for its mask)."""
-        return self.parts[0].mask() if len(self.parts) == 1 else self.unused_mask
-
     def begin_step(self) -> None:
         for part in self.parts:
             part.begin_step()
-        self.attended.zero_()
-
-    def end_step(self) -> None:
-        for part in self.parts:
-            part.end_step()
+        self.attended.clear()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """transformers' cache hook: write each row's token into its part; with one part, return the keys
-        and values to attend (with several, the attention reads each part's in :meth:`decode_parts`)."""
-        if len(self.parts) == 1:
-            return self.parts[0].update(key_states, value_states, layer_idx)
-        for offset, part in zip(self.offsets, self.parts, strict=True):
-            rows = slice(offset, offset + part.rows)
+        """transformers' cache hook: write each row's token into its part. It returns the step's own
+        states, which the attention does not read: it attends each part's (:meth:`decode_parts`)."""
+        for rows, part in self._rows_of_parts():
             part.write(key_states[rows], value_states[rows], layer_idx)
         return key_states, value_states
 
-    def decode_parts(
-        self, layer_idx: int, key: torch.Tensor, value: torch.Tensor, num_heads: int, window: int | None
-    ) -> list[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Per part: its batch rows, the keys and values they attend at ``layer_idx`` and their mask
-        (``key``/``value``: what :meth:`update` returned)."""
-        if len(self.parts) == 1:
-            return [(slice(None), key, value, self.parts[0].attention_mask(layer_idx, 1, num_heads, window))]
+    def note_attended(self, layer_idx: int) -> None:
+        self.attended.note(layer_idx)
+
+    def decode_parts(self, call: DecodeCall) -> list[DecodePart]:
+        """Per part: its batch rows, the keys and values they hold at the call's layer and their mask
+        (built here, where the attention reads it)."""
+        layer_idx, heads = call.layer_idx, call.query.shape[1]
         return [
-            (
-                slice(offset, offset + part.rows),
+            DecodePart(
+                rows,
                 part.keys_to_attend(layer_idx),
                 part.values[layer_idx],
-                part.attention_mask(layer_idx, 1, num_heads, window),
+                part.attention_mask(layer_idx, heads, call.window),
             )
-            for offset, part in zip(self.offsets, self.parts, strict=True)
+            for rows, part in self._rows_of_parts()
         ]
-
-    def note_attended(self, layer_idx: int) -> None:
-        """The snapeval attention took the cache for ``layer_idx`` (a tensor write: compiled steps too)."""
-        self.attended[layer_idx] = True
-
-    def check_step_attended(self) -> None:
-        """After a step: raise if a layer's attention did not take the cache (the engine was bypassed)."""
-        if not bool(self.attended.all()):
-            raise engine_bypassed(int((~self.attended).nonzero()[0, 0]))
 
     @property
     def wants_layer_inputs(self) -> bool:
@@ -181,11 +173,23 @@ class RowClasses:
         self, layer_idx: int, query: torch.Tensor, module: torch.nn.Module, inputs: Mapping[str, Any] | None
     ) -> None:
         """After a step's attention of ``layer_idx``: each part notes its rows' query and inputs."""
-        for offset, part in zip(self.offsets, self.parts, strict=True):
-            rows = slice(offset, offset + part.rows)
+        for rows, part in self._rows_of_parts():
             hidden = {"hidden_states": inputs["hidden_states"][rows]} if inputs else None
             part.record(layer_idx, query[rows], module, hidden)
 
+    def end_step(self) -> None:
+        for part in self.parts:
+            part.end_step()
+
+    def check_step_attended(self) -> None:
+        """After a step: raise if a layer's attention did not take the cache (the engine was bypassed)."""
+        self.attended.check()
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """What transformers < 5.3 asks before a step (see :meth:`SlotCache.get_seq_length`): 0."""
+        """What transformers < 5.3 asks before a step (for cache positions that the explicit position ids
+        and mask make unused): rows differ, so there is no one length; 0."""
         return 0
+
+    def _rows_of_parts(self) -> list[tuple[slice, SlotCache]]:
+        """Each part with its rows of the batch."""
+        return [(slice(o, o + part.rows), part) for o, part in zip(self.offsets, self.parts, strict=True)]

@@ -8,6 +8,7 @@ import torch
 
 from snapeval.cache import SnapevalCache
 from snapeval.cache.eviction import Eviction
+from snapeval.cache.row_eviction import Reselection
 from snapeval.cache.tensor_parallel import mean_over_ranks, tp_degree, whole_kv_bytes
 from snapeval.decode.continuous.classes import RowClasses
 from snapeval.decode.continuous.prefills import Prefill
@@ -41,13 +42,9 @@ class Row:
             return
         self.held, self.since = self.held + 1, self.since + 1
         if self.eviction.due(self.held, self.since):
-            counts = (self.held, self.fed, self.since)
-            part, local = slots.locate(index)
-            buffers = (part.keys, part.values, part.positions)
             prompt_length = len(self.request.prompt_ids)
-            kept = part.recorder.reselect_row(
-                buffers, part.rings[None], local, self.evicting, self.eviction, counts, prompt_length
-            )
+            due = Reselection(self.evicting, self.eviction, self.held, self.fed, self.since, prompt_length)
+            kept = slots.reselect_row(index, due)
             if kept != self.held:
                 self.evictions.append(self.fed)
             self.held, self.since = kept, 0

@@ -52,9 +52,10 @@ class Request:
 
     @cached_property
     def engine(self) -> SnapevalCache:
-        """The request's own cache engine, built once: its row's slots, its admission and its decode-time
-        re-selections (its prompt is prefilled into a cache of its setting's, shared by the prompt's
-        requests of that setting)."""
+        """The request's one cache, built once: its row's slots, its admission and its decode-time
+        re-selections; the first request of a prompt and setting is also prefilled into it, and the
+        setting's other requests of that prompt load their rows from it
+        (:func:`~snapeval.decode.continuous.prefills.fill`)."""
         return build_cache(self.cache)
 
     @property
