@@ -51,9 +51,11 @@ def main(checked: Checked | None = None) -> None:
             sys.exit(code)
         return
 
+    models: dict[Any, Any] = {}  # by spec: loaded once for all of a sweep's jobs (one process)
+
     @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
     def job(cfg: DictConfig) -> None:
-        if code := run_job(plain(cfg), None, HydraConfig.get().mode == RunMode.MULTIRUN):
+        if code := run_job(plain(cfg), None, HydraConfig.get().mode == RunMode.MULTIRUN, models):
             sys.exit(code)
 
     if writing_rank():
@@ -64,10 +66,13 @@ def main(checked: Checked | None = None) -> None:
         job()
 
 
-def run_job(config: dict[str, Any], plan: RunPlan | None, multirun: bool) -> int:
+def run_job(
+    config: dict[str, Any], plan: RunPlan | None, multirun: bool, models: dict[Any, Any] | None = None
+) -> int:
     """Run one job (an evaluation from its ``plan`` if it has one, a memory point or a budget search) and
     print its table; its exit code. In a sweep (``multirun``) a failed point is said in one line and the
-    sweep goes on."""
+    sweep goes on. ``models``: the sweep's loaded models by spec
+    (:class:`snapeval.run.evaluation.Loaded`), kept from job to job."""
     try:
         if config["job"] == "memory":
             from snapeval.memory.point import run_memory_point
@@ -82,7 +87,7 @@ def run_job(config: dict[str, Any], plan: RunPlan | None, multirun: bool) -> int
         from snapeval.results.tables import run_table
         from snapeval.run.runner import execute, run
 
-        summaries = execute(plan) if plan is not None else run(config)
+        summaries = execute(plan) if plan is not None else run(config, models=models)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (snapeval.run.signals.Terminated)
         return interrupted(exc)
     except SnapevalError as exc:

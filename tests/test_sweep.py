@@ -99,3 +99,20 @@ def test_every_point_of_every_shipped_sweep_composes_and_validates(experiment):
     search is one job: its rounds are grids of its own)."""
     points = composed_sweep(experiment)
     assert len(points) > 1 or [point["job"] for point in points] == ["search"]
+
+
+def test_a_sweeps_jobs_load_their_model_once(tmp_path, tiny_llama_overrides, monkeypatch):
+    """Hydra runs a sweep's jobs in one process: the second point finds the first one's model loaded."""
+    from snapeval import __main__ as front_door
+    from snapeval.run import evaluation
+
+    loads = []
+    real_load = evaluation.load_model
+    monkeypatch.setattr(evaluation, "load_model", lambda spec: loads.append(spec) or real_load(spec))
+    common = (*tiny_llama_overrides, f"run.db={tmp_path / 'db.sqlite'}", "run.limit=1", "run.progress=false")
+    common += ("task=ruler_passkey", "task.context_length=256", "task.max_new_tokens=2")
+    models: dict = {}
+    for cache in ("cache=full", "cache=streaming_llm"):
+        assert front_door.run_job(compose_config(*common, cache), None, True, models) == 0
+    assert len(loads) == 1 and len(models) == 1
+    assert set(load(tmp_path / "db.sqlite")["method"]) == {"full", "streaming_llm"}

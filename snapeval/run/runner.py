@@ -66,16 +66,22 @@ def draws(prompts: list[Prompt], num_samples: int) -> list[Prompt]:
     ]
 
 
-def run(cfg: dict[str, Any], loaded: Loaded | None = None) -> list[RunSummary]:
+def run(
+    cfg: dict[str, Any], loaded: Loaded | None = None, models: dict[ModelSpec, Loaded] | None = None
+) -> list[RunSummary]:
     """Check ``cfg`` into a plan (:func:`snapeval.run.plan.make_plan`; a config that fails is recorded as a
     failed run, so that a sweep's summary shows the point) and :func:`execute` it (on ``loaded``: a model
-    already loaded for the same ``cfg["model"]``)."""
+    already loaded for the same ``cfg["model"]``; or the one of ``models``, the models a sweep's jobs
+    share by spec, loading it there if it is not yet)."""
     try:
         plan = make_plan(cfg)
     except SnapevalError as exc:
         with contextlib.suppress(SnapevalError, DBAPIError), results_db(cfg) as db:
             _record_failures(db, [(cfg, exc)])
         raise
+    if loaded is None and models is not None:
+        spec = ModelSpec.from_config(plan.config["model"])
+        loaded = models.setdefault(spec, Loaded(spec))
     return execute(plan, loaded)
 
 
