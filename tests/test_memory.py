@@ -279,7 +279,9 @@ routers of its 58 MoE layers and its norms; the rest (671B in all) is split."""
 
 
 def test_deepseek_bf16_weights_overflow_hbm_into_ddr_at_tp16():
-    result = estimate("deepseek-r1", "sn40l", context=CONTEXT_128K, tp=16, budget=32_768)
+    result = estimate(
+        "deepseek-r1", "sn40l", context=CONTEXT_128K, tp=16, budget=32_768, weights_dtype="bf16"
+    )
     tiers = {tier.name: tier for tier in result.tiers}
     weights = DEEPSEEK_WHOLE * 2 + (671 * 10**9 - DEEPSEEK_WHOLE) * 2 // 16
     assert result.weights_bytes_per_socket == weights
@@ -291,7 +293,9 @@ def test_deepseek_bf16_weights_overflow_hbm_into_ddr_at_tp16():
 
 
 def test_fp8_deepseek_weights_leave_hbm_for_kv():
-    result = estimate("deepseek-r1", "sn40l", context=CONTEXT_128K, tp=16, budget=32_768, weights_dtype="fp8")
+    """The weights in the dtype DeepSeek-R1's checkpoint stores them: FP8 (its quantization_config)."""
+    result = estimate("deepseek-r1", "sn40l", context=CONTEXT_128K, tp=16, budget=32_768)
+    assert result.weights_dtype == "fp8"
     hbm = next(tier for tier in result.tiers if tier.name == "hbm")
     assert hbm.kv_available == 64 * 10**9 - (DEEPSEEK_WHOLE + (671 * 10**9 - DEEPSEEK_WHOLE) // 16)
     assert hbm.max_sequences_full == hbm.kv_available // (DEEPSEEK_PER_TOKEN * CONTEXT_128K) == 1

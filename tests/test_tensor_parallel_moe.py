@@ -23,7 +23,10 @@ import transformers
 from snapeval.cli.world import World
 from snapeval.couplings import MOE_TENSOR_PARALLEL, at_least
 from snapeval.errors import SnapevalError
-from snapeval.memory import geometry_from_config
+from snapeval.memory import geometry_from_config, shipped_configs
+from snapeval.memory.catalogue import shipped_config
+from snapeval.memory.parameters import parameter_groups
+from snapeval.memory.sharding import whole_on_every_rank
 from snapeval.models.parallel import check_tensor_parallel, tp_load_arguments
 from tests import tensor_parallel_worker as worker
 from tests.families import FAMILIES, _build, save_family
@@ -157,6 +160,41 @@ def test_expert_parallel_is_refused_in_one_line_where_transformers_cannot_make_i
     ep = tp_load_arguments(World(2, 0, 0), "ep")["distributed_config"]
     assert (ep.tp_plan, ep.ep_size, ep.tp_size) == ("auto", 2, 2)
     assert tp_load_arguments(World(), "ep") == {}
+
+
+PLAN_RULES = {
+    "attention": (".self_attn.",),
+    "mlp": (".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj"),
+    "experts": (".mlp.experts",),
+    "shared_experts": (".shared_expert",),
+}
+"""A part of a model is split when a rule of its family's plan names it."""
+
+
+@pytest.mark.skipif(not at_least(MOE_TENSOR_PARALLEL), reason="the estimator writes down 5.24's plans")
+def test_the_estimators_parts_whole_on_every_rank_are_transformers_plans():
+    """For every model the estimator ships and the MoE families, the parts it holds whole on every rank are
+    those with parameters that no rule of the family's TP plan splits (routers and norms never are)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    shipped = (shipped_config(source) for source in shipped_configs())
+    configs = [{**config, **config.get("text_config", {})} for config in shipped]  # Gemma 3's text model
+    configs += [
+        FAMILIES[name](worker.VOCAB).config.to_dict() for name in ("qwen3_moe", "deepseek_v3", "gpt_oss")
+    ]
+    configs += [mixtral(worker.VOCAB).config.to_dict(), transformers.Qwen2MoeConfig().to_dict()]
+    assert {"deepseek_v3", "deepseek_v2", "gpt_oss", "qwen2_moe", "llama"} <= {
+        c["model_type"] for c in configs
+    }
+    for config in configs:
+        plan = dict(getattr(CONFIG_MAPPING[config["model_type"]], "base_model_tp_plan", None) or {})
+        split = {part for part, words in PLAN_RULES.items() if any(w in rule for rule in plan for w in words)}
+        parts = parameter_groups(config)
+        expected = (
+            {p: n for p, n in parts.items() if n and p in PLAN_RULES and p not in split} if plan else {}
+        )
+        expected |= {part: parts[part] for part in ("routers", "norms") if parts[part]}
+        assert whole_on_every_rank(config) == expected, config["model_type"]
 
 
 def test_the_parts_every_rank_holds_whole_are_the_models_own():

@@ -19,7 +19,7 @@ NULL = "null"
 USAGE = (
     "usage: python -m snapeval.memory model=<conf/model name | config.json | hub id> context=<tokens> "
     "[hardware=sn40l] [batch=1] [tp=1] [budget=<tokens>] [method=<a method of snapeval.cache>] "
-    "[kv_dtype=bf16] [weights_dtype=bf16]"
+    "[kv_dtype=bf16] [weights_dtype=<the checkpoint's: fp8 | bf16>]"
 )
 
 

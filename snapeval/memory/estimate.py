@@ -98,11 +98,12 @@ def estimate(
     method: str | None = None,
     budget: int | None = None,
     kv_dtype: str = "bf16",
-    weights_dtype: str = "bf16",
+    weights_dtype: str | None = None,
 ) -> MemoryEstimate:
     """Estimate the memory of ``batch`` sequences of ``context`` tokens over ``tp`` sockets.
 
-    ``method`` defaults to ``snapstream`` when a ``budget`` is given, else ``full``.
+    ``method`` defaults to ``snapstream`` when a ``budget`` is given, else ``full``; ``weights_dtype``
+    None: the dtype the checkpoint stores (``fp8`` for DeepSeek-V3/R1's release), else bf16.
     """
     geometry = load_geometry(model) if isinstance(model, str) else model
     profile = load_hardware(hardware) if isinstance(hardware, str) else hardware
@@ -113,6 +114,7 @@ def estimate(
             shown = f"{value:,}" if value < 10**15 else f"{value:.3g}"
             raise SnapevalError(f"{shown} tokens exceed the estimator's cap of {MAX_TOKENS:,}", field)
     method = resolve_method(method, budget)
+    weights_dtype = weights_dtype or geometry.checkpoint_dtype or "bf16"
     tokens = cached_tokens(method, context, budget)
     layout = {"tp": tp, "mla_latent_sharded": profile.mla_latent_sharded}
     token_bytes = kv_bytes_per_token(geometry, kv_dtype)

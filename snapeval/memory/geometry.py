@@ -42,6 +42,9 @@ class ModelGeometry:
     sliding_window: int | None = None
     num_sliding_layers: int = 0
     max_positions: int | None = None  # max_position_embeddings, where the config says
+    checkpoint_dtype: str | None = None
+    """The dtype its checkpoint stores weights in where the config says (``fp8``: a ``quantization_config``
+    of ``quant_method: fp8``, as DeepSeek-V3/R1's release); None: not said (the estimate takes bf16)."""
     replicated: tuple[tuple[str, int], ...] | None = None
     """The parts every rank holds whole under tensor parallel, with their parameters
     (:func:`snapeval.memory.sharding.whole_on_every_rank`): norms and routers, and what the family's TP
@@ -103,8 +106,15 @@ def geometry_from_config(
         sliding_window=window,
         num_sliding_layers=sliding_layers,
         max_positions=optional_int(fields, "max_position_embeddings"),
+        checkpoint_dtype=_checkpoint_dtype(fields),
         replicated=_replicated(fields, parts_needed=not known_parameters),
     )
+
+
+def _checkpoint_dtype(fields: Mapping[str, Any]) -> str | None:
+    """``fp8`` for a config whose ``quantization_config`` stores FP8 weights, else None."""
+    quantization = fields.get("quantization_config")
+    return "fp8" if isinstance(quantization, Mapping) and quantization.get("quant_method") == "fp8" else None
 
 
 def _replicated(fields: Mapping[str, Any], parts_needed: bool) -> tuple[tuple[str, int], ...] | None:
