@@ -3,8 +3,9 @@
 The engine rides on conventions of transformers that no API promises: the keyword that carries the cache
 into an attention module, ``Cache.update`` running before the attention call, the attention and mask
 interfaces, SDPA's own attention function. lm-eval is driven through its registry and its model base
-class, kvpress through a private helper of its decoding press. Each coupling is listed here once, with
-what uses it; :func:`check` imports each and names, in one line, the one that moved. The supported ranges
+class (and its HTTP clients' parse step, to see what a server counted of a prompt), kvpress through a
+private helper of its decoding press. Each coupling is listed here once, with what uses it; :func:`check`
+imports each and names, in one line, the one that moved. The supported ranges
 are pinned in ``pyproject.toml`` and tested at both ends by ``.ci/run`` (``scripts/test-transformers``
 runs the same tests against any newer release). Standard library only: importing this loads nothing.
 """
@@ -140,6 +141,14 @@ COUPLINGS = (
     Coupling("lm_eval", "lm_eval.tasks.aime.utils", "process_results", "the lm_eval AIME scorer"),
     Coupling("lm_eval", "lm_eval.api.registry", "get_model", "model.backend: an lm-eval client by name"),
     Coupling("lm_eval", "lm_eval.api.instance", "Instance", "model.backend: a request to the client"),
+    Coupling(
+        "lm_eval",
+        "lm_eval.models.api_models",
+        "TemplateAPI.parse_generations",
+        "model.backend: a subclass reads the server's usage.prompt_tokens, which lm-eval drops, where its "
+        "HTTP clients parse an answer (0.4.10 and 0.4.13 call it on each answer's JSON and return its items "
+        "as they are); a failure's line names its max_retries and timeout",
+    ),
     Coupling("kvpress", "kvpress", "DecodingPress", "kvpress's decoding presses (cache.decoding=true)"),
     Coupling("kvpress", "kvpress", "ScorerPress", "the presses a decoding press takes"),
     Coupling("kvpress", "kvpress.utils", "compute_n_kept", "slots a decoding press keeps"),

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from snapeval.configs.backend import backend_args_check, backend_check, client_arguments
+from snapeval.errors import SnapevalError
 from snapeval.results import config_hash
 from snapeval.run import runner
 
@@ -245,7 +246,8 @@ def test_an_engine_that_fails_mid_run_ends_it_in_one_line_and_closes_it(tiny_lla
         "run.progress=false",
         f"run.db={db}",
     )
-    with pytest.raises(Exception, match=r"^model\.backend: the engine failed to answer \(ConnectionError: "):
+    expected = r"^model\.backend: the engine failed to answer: the connection failed \(HTTPConnectionPool\("
+    with pytest.raises(SnapevalError, match=expected + r".*\), its retries spent: the server stopped"):
         runner.run(cfg)
     with sqlite3.connect(db) as connection:
         assert connection.execute("SELECT status FROM runs").fetchall() == [("failed",)]

@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:  # importing the room loads no torch: its checks run before a model loads
     from snapeval.decode.continuous import Answer, Request
 
+TRUNCATED = "server_truncated"
+"""The ``extra`` key of a stored sample whose prompt a deployed engine cut without saying so (its server
+counted fewer prompt tokens than were sent): a note in words, counted by the report."""
+
 
 class Answerer(Protocol):
     """What the runner needs of whoever answers its requests."""

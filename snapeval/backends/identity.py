@@ -87,16 +87,33 @@ def engine_identity(
         models = ask(root + MODELS_PATH)
     version = ask(root + VERSION_PATH) if root is not None else None
     found = version.json() if version is not None and version.status == 200 else None
+    listed = models.json() if models is not None and models.status == 200 else None
     identity = {
         "backend": backend,
         "backend_args": backend_args,
-        "models": models.json() if models is not None and models.status == 200 else None,
+        "models": listed,
         "version": found.get("version") if isinstance(found, dict) else found,
         "server": models.server if models is not None else None,
         "serve": serve,
         "log": log,
+        "note": unlisted_model(backend_arguments(backend_args).get("model"), listed),
     }
     return without_secrets(identity)
+
+
+def unlisted_model(model: str | None, listed: Any) -> str | None:
+    """A note where the server's ``/v1/models`` lists models and ``model`` (the name its client sends) is
+    none of them: llama-cpp-python's server answers any name with the model it serves, vLLM and SGLang
+    refuse it (HTTP 404); None where it is listed, or nothing is known."""
+    data = listed.get("data") if isinstance(listed, dict) else None
+    ids = [entry.get("id") for entry in data or () if isinstance(entry, dict)]
+    if model is None or not ids or model in ids:
+        return None
+    shown = ", ".join(repr(name) for name in ids[:3]) + (", ..." if len(ids) > 3 else "")
+    return (
+        f"the server lists no model {model!r} (it lists {shown}): a server that answers anyway (llama.cpp) "
+        "answers with the model it serves; give model= as the server lists it"
+    )
 
 
 def without_secrets(identity: dict[str, Any]) -> dict[str, Any]:

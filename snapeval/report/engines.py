@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from snapeval.backends import TRUNCATED
 from snapeval.configs.backend import lm_eval_model
 from snapeval.report.data import Experiment, Setting, full_cache_config
 from snapeval.report.document import Block, Cell, Heading, Mark, Paragraph, Table, interval, number
@@ -30,7 +31,9 @@ NOTE = (
     f'"{NOT_APPLIED}": the engine\'s setting answered every sample as its own full cache did, while '
     f"snapeval's changed at least {changes_to_flag()} of the same answers; a port whose compression "
     f"changes answers as often as snapeval's is flagged at most {2 ** -changes_to_flag():.1%} of the time "
-    "(an exact bound, at every n). A remote run stores no KV bytes: its KV MiB shows -."
+    "(an exact bound, at every n). Prompts cut (beside n): the engine's stored samples whose prompt its "
+    "server counted fewer tokens of than were sent: it cut them without saying so. A remote run stores no "
+    "KV bytes: its KV MiB shows -."
 )
 
 
@@ -87,7 +90,7 @@ def _row(
         str(_backend(setting.config)),
         where,
         label,
-        str(pairing.n),
+        _n(pairing.n, setting),
         number(pairing.engine_accuracy),
         number(pairing.reference_accuracy) if reference else Mark("not stored", "muted"),
         _agreement(pairing),
@@ -95,6 +98,12 @@ def _row(
         _retention(pairing.reference_retention, compressed),
         _flag(pairing, compressed),
     )
+
+
+def _n(n: int, setting: Setting) -> Cell:
+    """The paired n, and how many of the engine's stored samples its server cut the prompt of."""
+    cut = sum(TRUNCATED in (row.get("extra") or {}) for row in setting.samples)
+    return Mark(f"{n} ({cut} of {len(setting.samples)} prompts cut)", "fail") if cut else str(n)
 
 
 def _agreement(pairing: EnginePairing) -> str:

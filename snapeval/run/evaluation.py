@@ -12,6 +12,7 @@ needs it).
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from snapeval.backends import Answerer
+from snapeval.backends import TRUNCATED, Answerer
 from snapeval.backends.identity import engine_identity
 from snapeval.backends.lm_eval import LmEvalAnswerer, make_client
 from snapeval.backends.serve import log_path, served
@@ -46,6 +47,11 @@ from snapeval.tasks import Prompt, Task
 Calls = list[Answer]  # the answers of a sample's calls so far (two for a two-pass task)
 
 
+def note(text: str, field: str) -> None:
+    """A note to the user, on one line of stderr, naming the field it is about."""
+    print(f"note: {field}: {text}", file=sys.stderr, flush=True)
+
+
 @dataclass
 class Point:
     """One cache setting of a run: its stored config, hash and run, the samples it lacked at the start,
@@ -57,6 +63,7 @@ class Point:
     todo: set[str]
     claimed: set[str] = field(default_factory=set)
     stored: int = 0
+    cut: int = 0  # of those stored, the samples whose prompt a deployed engine cut without saying so
 
     @property
     def setting(self) -> CacheSetting:
@@ -134,6 +141,12 @@ class Evaluation:
                     if any(prompt.id in point.todo for prompt in prompts):
                         with self.engine(point) as answerer:
                             self.run_group(answerer, [point], prompts, lease_s, between_steps)
+                        if point.cut:
+                            note(
+                                f"the server cut {point.cut} of {point.stored} prompts without saying so (it "
+                                f"counted fewer prompt tokens than were sent): stored as {TRUNCATED}",
+                                "model.backend",
+                            )
                 return
             most = max(sum(prompt.id in p.todo for prompt in prompts for p in group) for group in groups)
             batcher = self.batcher(most)
@@ -156,6 +169,8 @@ class Evaluation:
             log_name = None if engine.log is None else str(engine.log)
             identity = engine_identity(backend, engine.backend_args, engine.command, log_name, engine.models)
             self.db.record_engine([point.run_id], identity)
+            if identity["note"]:
+                note(identity["note"], "model.backend_args")
             client = make_client(self.remote, engine.backend_args)
             stops = getattr(self.task, "stop", ())
             yield LmEvalAnswerer(client, self.tokenizer, stops, self.cfg["run"]["batch_size"])
@@ -229,5 +244,7 @@ class Evaluation:
 
     def commit(self, point: Point, row: dict[str, Any]) -> None:
         """Commit one scored sample to its point's run."""
-        point.stored += self.db.add_sample(point.run_id, point.digest, row)
+        added = self.db.add_sample(point.run_id, point.digest, row)
+        point.stored += added
+        point.cut += added and TRUNCATED in row.get("extra", {})
         self.progress.update()

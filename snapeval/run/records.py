@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from snapeval.backends import TRUNCATED
+from snapeval.backends.lm_eval import EngineAnswer
 from snapeval.decode.continuous import Answer
 from snapeval.tasks import Prompt, Task
 
@@ -81,6 +83,7 @@ def sample_row(
         extra["calls"] = [_call_record(c) for c in calls]
     if reference is not None:
         extra["fidelity"] = fidelity(tokenizer, output, reference)
+    extra.update(server_counts(calls))
     return {
         "sample_id": prompt.id,
         "prompt_tokens": len(prompt_ids),
@@ -98,6 +101,23 @@ def sample_row(
         ),
         "extra": extra,
     }
+
+
+def server_counts(calls: list[Answer]) -> dict[str, Any]:
+    """What a deployed engine's server counted of a sample's prompts: the first call's count
+    (``server_prompt_tokens``) where it gave one, and the note :data:`TRUNCATED` where it counted fewer
+    prompt tokens than a call sent (:attr:`EngineAnswer.truncated`); nothing for snapeval's own engine."""
+    answers = [call for call in calls if isinstance(call, EngineAnswer)]
+    counts: dict[str, Any] = {}
+    if answers and answers[0].server_prompt_tokens is not None:
+        counts["server_prompt_tokens"] = answers[0].server_prompt_tokens
+    cut = next((call for call in answers if call.truncated), None)
+    if cut is not None:
+        counts[TRUNCATED] = (
+            f"the server counted {cut.server_prompt_tokens} of the {len(cut.request.prompt_ids)} prompt "
+            "tokens sent: it cut the prompt without saying so"
+        )
+    return counts
 
 
 def _call_record(made: Answer) -> dict[str, Any]:
