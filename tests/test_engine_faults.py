@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from snapeval.couplings import at_least
 from snapeval.errors import SnapevalError
 from snapeval.run import runner
 
@@ -120,9 +121,15 @@ def test_several_calls_at_once_name_the_status_without_the_servers_reason(tiny_l
     )
 
 
-def test_a_call_past_its_timeout_ends_the_run_in_one_line(tiny_llama_overrides, tmp_path):
+@pytest.mark.parametrize("concurrent", [1, 2])
+def test_a_call_past_its_timeout_ends_the_run_in_one_line(concurrent, tiny_llama_overrides, tmp_path):
+    """One call at a time (``requests``) and several (``aiohttp``): lm-eval 0.4.10 gives the first no
+    timeout at all (it waits for the server), 0.4.13 gives both."""
+    if concurrent == 1 and not at_least("0.4.13", "lm_eval"):
+        pytest.skip("lm-eval before 0.4.13 sends one call at a time with no timeout")
     db = tmp_path / "slow.db"
-    message = failure(faulty(tiny_llama_overrides, db, "--slow 4", "max_retries=1,timeout=1"))
+    arguments = f"max_retries=1,timeout=1,num_concurrent={concurrent}"
+    message = failure(faulty(tiny_llama_overrides, db, "--slow 4", arguments, f"run.batch_size={concurrent}"))
     assert message == (
         "model.backend: the engine failed to answer: no answer within its timeout 1 s, after 1 attempt "
         "(max_retries=1): raise timeout (seconds a call may take) in model.backend_args, or give the server "

@@ -6,7 +6,9 @@ lm-eval's HTTP clients try each call ``max_retries`` times in all (tenacity's ``
 waiting 1 s, 1 s, 2 s, 4 s ... up to 10 s between tries, whatever the error: a 400 too), each try given
 ``timeout`` seconds, then raise the last error: ``requests``' (one call at a time) or ``aiohttp``'s
 (``num_concurrent`` > 1). Only ``requests``' error carries the server's reason (its body); ``aiohttp``'s
-carries the status alone, and lm-eval logs the body as a warning above the line.
+carries the status alone, and lm-eval logs the body as a warning above the line. The error is looked for
+along the chain of what was raised while handling what (lm-eval 0.4.10's ``aiohttp`` path raises an
+``UnboundLocalError`` of its own while logging the HTTP error).
 """
 
 from __future__ import annotations
@@ -35,23 +37,33 @@ class Patience:
 
 def failure_line(error: BaseException, patience: Patience) -> str:
     """What ``error`` (a client's, once its attempts were spent) says of the engine, and what to change."""
-    http = http_status(error)
+    chain = causes(error)
+    http = next((found for cause in chain if (found := http_status(cause)) is not None), None)
     if http is not None:
         status, phrase, body = http
         reason = server_reason(body) or phrase
         return f"HTTP {status} {reason}, {patience.tries()}: {status_hint(status, reason)}"
-    if timed_out(error):
+    if any(timed_out(cause) for cause in chain):
         seconds = "" if patience.timeout_s is None else f" {patience.timeout_s:g} s"
         return (
             f"no answer within its timeout{seconds}, {patience.tries()}: raise timeout (seconds a call may "
             f"take) in {ARGUMENTS}, or give the server less to do at once (num_concurrent)"
         )
-    if connection_lost(error):
+    lost = next((cause for cause in chain if connection_lost(cause)), None)
+    if lost is not None:
         return (
-            f"the connection failed ({one_line(error)}), {patience.tries()}: the server stopped, or refuses "
+            f"the connection failed ({one_line(lost)}), {patience.tries()}: the server stopped, or refuses "
             "connections"
         )
     return f"{type(error).__name__}: {one_line(error)}"
+
+
+def causes(error: BaseException) -> list[BaseException]:
+    """``error``, then what it was raised from or while handling, and so on."""
+    chain = [error]
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and cause not in chain:
+        chain.append(cause)
+    return chain
 
 
 def http_status(error: BaseException) -> tuple[int, str, str] | None:
