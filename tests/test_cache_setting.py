@@ -62,9 +62,17 @@ def test_a_setting_is_its_stored_parameters_and_knows_the_full_cache():
     assert error.value.field == "cache.budget"
 
 
-def test_a_grid_run_builds_one_cache_per_request(tmp_path, counted, tiny_llama_overrides):
+def test_a_grid_run_builds_one_cache_per_request(tmp_path, counted, tiny_llama_overrides, monkeypatch):
     """A grid of 5 points (the full cache once: it ignores the budgets) on 2 prompts: 10 requests, 10
-    caches (each prompt prefilled once, through a grid of its 5 requests' caches)."""
+    caches (each prompt prefilled once, through a grid of its 5 requests' caches), built from 5 setting
+    objects: the plan's, one per point, carried by every request of the point."""
+    from snapeval.decode.continuous import work
+
+    settings_built_from = []
+    build = work.build_cache
+    monkeypatch.setattr(
+        work, "build_cache", lambda setting: settings_built_from.append(setting) or build(setting)
+    )
     config = compose_config(
         f"run.db={tmp_path / 'db.sqlite'}",
         "run.progress=false",
@@ -74,8 +82,10 @@ def test_a_grid_run_builds_one_cache_per_request(tmp_path, counted, tiny_llama_o
     )
     summaries = run(config)
     assert len(summaries) == 5 and all(summary.computed == 2 for summary in summaries)
+    print("SETTINGS", counted["settings"])
     caches = {name: count for name, count in counted.items() if name != "settings"}
     assert caches == {"FullCache": 2, "SnapKVCache": 4, "SnapStreamCache": 4, "CacheGrid": 2}
+    assert len(settings_built_from) == 10 and len({id(setting) for setting in settings_built_from}) == 5
 
 
 def test_the_batcher_builds_one_cache_per_request(tiny, counted):  # noqa: F811

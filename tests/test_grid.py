@@ -287,7 +287,7 @@ def test_a_grid_leaves_out_a_method_whose_extra_is_missing_and_says_so(monkeypat
         "sage_kv",
         "rkv",
     }
-    plan.check_extras(cfg)
+    plan.check_extras(cfg, tuple(points))
     note = "note: grid.cache: kvpress left out: kvpress is not installed; pip install 'snapeval[kvpress]'"
     assert capsys.readouterr().err == note + "\n"
     monkeypatch.setattr(util, "find_spec", lambda name, *a: object() if name == "kvpress" else real(name, *a))

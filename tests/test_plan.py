@@ -63,7 +63,7 @@ def test_an_impossible_grid_point_is_set_aside_and_recorded_as_failed(tmp_path, 
     overrides = [*tiny_llama_overrides, "run.limit=1", "task.context_length=256", "task.max_new_tokens=2"]
     config = compose_config(*overrides, grid, f"run.db={tmp_path / 'db.sqlite'}", "run.progress=false")
     checked = plan.make_plan(config)
-    assert [point["cache"]["method"] for point in checked.points] == ["full"]
+    assert [point.config["cache"]["method"] for point in checked.points] == ["full"]
     [(setting, why)] = checked.failed
     assert setting["cache"]["method"] == "snapstream"
     assert str(why) == (

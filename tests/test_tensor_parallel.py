@@ -324,13 +324,14 @@ def test_another_rank_scores_nothing_and_keeps_the_output_its_waits_follow():
     orders what the compressed settings wait for."""
     from types import SimpleNamespace
 
+    from snapeval.configs.setting import CacheSetting
     from snapeval.decode.continuous import Answer, Request
     from snapeval.run.evaluation import Evaluation, Point
     from snapeval.tasks import Prompt
 
     scored, committed = [], []
     evaluation = Evaluation.__new__(Evaluation)
-    full = Point({"cache": {"method": "full"}}, "digest", 1, {"p"})
+    full = Point({"cache": {"method": "full"}}, CacheSetting.of({"method": "full"}), "digest", 1, {"p"})
     evaluation.full, evaluation.reference, evaluation.awaiting = full, {}, {}
     evaluation.task = SimpleNamespace(score=lambda prompt, output: scored.append(output) or {"score": 1.0})
     evaluation.tokenizer = SimpleNamespace(

@@ -24,11 +24,13 @@ from snapeval.__main__ import check_before_hydra
 from snapeval.cli import report
 from snapeval.configs.compose import compose_config
 from snapeval.configs.grid import grid_points
+from snapeval.configs.setting import CacheSetting
 from snapeval.errors import SnapevalError
 from snapeval.results import ResultsDB, config_hash
 from snapeval.results.leases import needing_attention
 from snapeval.results.schema import claims, runs, samples
 from snapeval.run import runner
+from snapeval.run.plan import PlannedPoint
 from snapeval.run.signals import Terminated
 from snapeval.run.workers import SETTINGS_PER_PREFILL, ClaimingFeed, shard
 
@@ -377,7 +379,8 @@ def planning_work(tmp_path: Path, points: int, prompts: int, monkeypatch) -> dic
     with ResultsDB(tmp_path / f"{points}.sqlite") as db:
         commits = []
         event.listen(db.engine, "commit", lambda conn: commits.append(1))
-        started = runner._start_points(db, configs, problems, lease_s=60)
+        planned = [PlannedPoint(config, CacheSetting.of(config["cache"])) for config in configs]
+        started = runner._start_points(db, planned, problems, lease_s=60)
         start_commits = len(commits)
         queued = [CountedRequest(point, problem) for problem in problems for point in started]
         feed = ClaimingFeed(db, queued, batch_size=8, lease_s=60)

@@ -54,21 +54,18 @@ def note(text: str, field: str) -> None:
 
 @dataclass
 class Point:
-    """One cache setting of a run: its stored config, hash and run, the samples it lacked at the start,
-    those this worker claimed (the others' claims it leaves alone) and how many it stored."""
+    """One cache setting of a run: its stored config and setting (the plan's), hash and run, the samples it
+    lacked at the start, those this worker claimed (the others' claims it leaves alone) and how many it
+    stored."""
 
     config: dict[str, Any]
+    setting: CacheSetting
     digest: str
     run_id: int
     todo: set[str]
     claimed: set[str] = field(default_factory=set)
     stored: int = 0
     cut: int = 0  # of those stored, the samples whose prompt a deployed engine cut without saying so
-
-    @property
-    def setting(self) -> CacheSetting:
-        """Its cache setting (the plan made it: its stored form finds it)."""
-        return CacheSetting.of(self.config["cache"])
 
 
 def full_cache_digest(config: Mapping[str, Any]) -> str:

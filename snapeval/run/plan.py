@@ -27,6 +27,7 @@ from snapeval.configs.grid import grid_points, skipped_options
 from snapeval.configs.methods import draft_names, missing_extra
 from snapeval.configs.protocols import announce
 from snapeval.configs.root import MAX_REQUESTS
+from snapeval.configs.setting import CacheSetting
 from snapeval.errors import SnapevalError
 
 if TYPE_CHECKING:
@@ -49,13 +50,21 @@ class Inputs:
 
 
 @dataclass(frozen=True)
+class PlannedPoint:
+    """A setting that runs: its config as results store it, and its cache setting (made once, here)."""
+
+    config: dict[str, Any]
+    setting: CacheSetting
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """A run checked once: its config, its task, the settings that run (each as results store it) and
     those whose parameters are impossible, each with why."""
 
     config: dict[str, Any]
     task: Task
-    points: tuple[dict[str, Any], ...]
+    points: tuple[PlannedPoint, ...]
     failed: tuple[tuple[dict[str, Any], SnapevalError], ...] = ()
 
 
@@ -86,8 +95,8 @@ def check_inputs(config: dict[str, Any]) -> Inputs:
         count = limit or config["task"].get("num_prompts") or 1
     check_requests(count, config["generation"]["num_samples"])
     check_shard(count * config["generation"]["num_samples"], config["run"]["shard"])
-    check_extras(config)
     settings = tuple(grid_points(config))
+    check_extras(config, settings)
     check_draft_names([setting["cache"] for setting in settings])
     check_engine(config, [setting["cache"] for setting in settings])  # engine.serve's command and fields
     if config["model"].get("backend") and serve_template(config) is None:  # a deployed engine: its address
@@ -110,22 +119,23 @@ def make_plan(config_or_inputs: dict[str, Any] | Inputs) -> RunPlan:
     points, failed = plan_points(inputs)
     if not points:
         raise failed[0][1]
-    check_drafts([point["cache"] for point in points])
+    check_drafts([point.config["cache"] for point in points])
     check_model(config["model"], config["run"]["rendezvous_s"])
     return RunPlan(config, inputs.task, tuple(points), tuple(failed))
 
 
-def plan_points(inputs: Inputs) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], SnapevalError]]]:
-    """The settings' stored points (each method's declaration checks its parameters together) and the
-    settings that cannot run, each with its error; torch-free."""
-    from snapeval.results import identity
+def plan_points(inputs: Inputs) -> tuple[list[PlannedPoint], list[tuple[dict[str, Any], SnapevalError]]]:
+    """The settings' points, each with its cache setting (each method's declaration checks its parameters
+    together) and its config as stored, and the settings that cannot run, each with its error; torch-free."""
+    from snapeval.results import stored_config
 
     points, failed = [], []
-    for setting in inputs.settings:
+    for config in inputs.settings:
         try:
-            points.append(identity(setting)[0])
+            setting = CacheSetting.of(config["cache"])
+            points.append(PlannedPoint(stored_config(config, setting.stored), setting))
         except SnapevalError as exc:
-            failed.append((setting, exc))
+            failed.append((config, exc))
     return points, failed
 
 
@@ -231,16 +241,16 @@ def check_model(model: Mapping[str, Any], rendezvous_s: float) -> None:
         model_config(spec)
 
 
-def check_extras(config: Mapping[str, Any]) -> None:
+def check_extras(config: Mapping[str, Any], settings: tuple[dict[str, Any], ...]) -> None:
     """Refuse a method whose optional extra is missing, before torch loads; a grid leaves its points out
-    with a note, and runs the rest."""
+    with a note, and runs the rest (``settings``: its points, :func:`grid_points`)."""
     if config.get("grid") is None:
         if why := missing_extra(config["cache"].get("method")):
             raise SnapevalError(why, "cache.method")
         return
     for option, why in skipped_options(config).items():
         print(f"note: grid.cache: {option} left out: {why}", file=sys.stderr)
-    if not grid_points(config):
+    if not settings:
         raise SnapevalError("no point of this grid can run here", "grid.cache")
 
 

@@ -20,7 +20,6 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from snapeval.cli.world import launcher_world
-from snapeval.configs.setting import CacheSetting
 from snapeval.errors import SnapevalError
 from snapeval.models import ModelSpec, check_chat
 from snapeval.models.parallel import init_process_group
@@ -29,7 +28,7 @@ from snapeval.results.connect import write_error
 from snapeval.results.leases import Lease
 from snapeval.results.mirror import open_results
 from snapeval.run.evaluation import Evaluation, Loaded, Point
-from snapeval.run.plan import RunPlan, make_plan
+from snapeval.run.plan import PlannedPoint, RunPlan, make_plan
 from snapeval.run.signals import stop_on_signals
 from snapeval.run.workers import shard
 from snapeval.tasks import Prompt
@@ -171,18 +170,24 @@ def _record_failures(db: ResultsDB, failed: Sequence[tuple[Mapping[str, Any], Sn
 
 
 def _start_points(
-    db: ResultsDB, configs: list[dict[str, Any]], prompts: list[Prompt], lease_s: float
+    db: ResultsDB, planned: list[PlannedPoint], prompts: list[Prompt], lease_s: float
 ) -> list[Point]:
     """A started run per distinct config, the full cache's first (its outputs are the others' reference):
     one query for what is stored, one transaction for the runs."""
-    distinct: dict[str, dict[str, Any]] = {}
-    for config in sorted(configs, key=lambda config: not CacheSetting.of(config["cache"]).is_full):
-        distinct.setdefault(config_hash(config), config)
+    distinct: dict[str, PlannedPoint] = {}
+    for point in sorted(planned, key=lambda point: not point.setting.is_full):
+        distinct.setdefault(config_hash(point.config), point)
     done = db.done_by_hash(distinct)
-    run_ids = db.start_runs([(config, digest) for digest, config in distinct.items()], lease_s)
+    run_ids = db.start_runs([(point.config, digest) for digest, point in distinct.items()], lease_s)
     return [
-        Point(config, digest, run_id, {prompt.id for prompt in prompts if prompt.id not in done[digest]})
-        for (digest, config), run_id in zip(distinct.items(), run_ids, strict=True)
+        Point(
+            point.config,
+            point.setting,
+            digest,
+            run_id,
+            {prompt.id for prompt in prompts if prompt.id not in done[digest]},
+        )
+        for (digest, point), run_id in zip(distinct.items(), run_ids, strict=True)
     ]
 
 
