@@ -326,7 +326,8 @@ def test_another_rank_scores_nothing_and_keeps_the_output_its_waits_follow():
 
     from snapeval.configs.setting import CacheSetting
     from snapeval.decode.continuous import Answer, Request
-    from snapeval.run.evaluation import Evaluation, Point
+    from snapeval.run.evaluation import Evaluation
+    from snapeval.run.points import Point
     from snapeval.tasks import Prompt
 
     scored, committed = [], []
@@ -341,6 +342,6 @@ def test_another_rank_scores_nothing_and_keeps_the_output_its_waits_follow():
     evaluation.progress = SimpleNamespace(update=lambda: None)
     evaluation.writes = False
     answer = Answer(Request((1, 2), {"method": "full"}, 3), [7, 8], "eos", 0.1, 0.2, 64, 0, None)
-    evaluation.store(full, Prompt("p", [{"role": "user", "content": "x"}], "7"), [answer])
+    evaluation.store(full, Prompt("p", [{"role": "user", "content": "x"}], "7"), (answer,))
     assert scored == [] and committed == [{"sample_id": "p", "output": "7 8"}]
     assert evaluation.reference == {"p": "7 8"}

@@ -31,6 +31,7 @@ from snapeval.results.leases import needing_attention
 from snapeval.results.schema import claims, runs, samples
 from snapeval.run import runner
 from snapeval.run.plan import PlannedPoint
+from snapeval.run.points import SampleCall
 from snapeval.run.signals import Terminated
 from snapeval.run.workers import SETTINGS_PER_PREFILL, ClaimingFeed, shard
 
@@ -359,10 +360,10 @@ class CountedRequest:
     reads = 0
 
     def __init__(self, point: object, prompt: object) -> None:
-        self._tag = (point, prompt, [])
+        self._tag = SampleCall(point, prompt)
 
     @property
-    def tag(self) -> tuple:
+    def tag(self) -> SampleCall:
         CountedRequest.reads += 1
         return self._tag
 

@@ -16,7 +16,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -39,33 +39,18 @@ from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
 from snapeval.decode.stops import stop_ids
 from snapeval.models import ModelSpec, attach_drafts, load_model, load_tokenizer
 from snapeval.results import ResultsDB, config_hash
+from snapeval.run.points import Point, SampleCall
 from snapeval.run.records import answer_text, sample_row
 from snapeval.run.requests import RequestBuilder, sample_seed, sampling
 from snapeval.run.workers import ClaimingFeed, stored_in
 from snapeval.tasks import Prompt, Task
 
-Calls = list[Answer]  # the answers of a sample's calls so far (two for a two-pass task)
+Calls = tuple[Answer, ...]  # the answers of a sample's calls so far (two for a two-pass task)
 
 
 def note(text: str, field: str) -> None:
     """A note to the user, on one line of stderr, naming the field it is about."""
     print(f"note: {field}: {text}", file=sys.stderr, flush=True)
-
-
-@dataclass
-class Point:
-    """One cache setting of a run: its stored config and setting (the plan's), hash and run, the samples it
-    lacked at the start, those this worker claimed (the others' claims it leaves alone) and how many it
-    stored."""
-
-    config: dict[str, Any]
-    setting: CacheSetting
-    digest: str
-    run_id: int
-    todo: set[str]
-    claimed: set[str] = field(default_factory=set)
-    stored: int = 0
-    cut: int = 0  # of those stored, the samples whose prompt a deployed engine cut without saying so
 
 
 def full_cache_digest(config: Mapping[str, Any]) -> str:
@@ -183,7 +168,7 @@ class Evaluation:
         """The group's requests, claimed as rows free, until none is left or live workers hold the rest."""
         task = self.task
         queued = [
-            self.request(point, prompt, prompt.messages, task.max_new_tokens, [])
+            self.request(point, prompt, prompt.messages, task.max_new_tokens, ())
             for prompt in prompts
             for point in group
             if prompt.id in point.todo
@@ -204,12 +189,13 @@ class Evaluation:
         seed = sample_seed(self.cfg["seed"], f"{prompt.id}#answer" if calls else prompt.id)
         draw = sampling(self.cfg["generation"], seed)
         stops = getattr(self.task, "stop", ())  # the task's stop strings
-        return self.builder.request(messages, max_new, point.setting, draw, stops, (point, prompt, calls))
+        tag = SampleCall(point, prompt, calls)
+        return self.builder.request(messages, max_new, point.setting, draw, stops, tag)
 
     def on_answer(self, answer: Answer) -> list[Request]:
         """A call ended: queue a two-pass task's answer call, or store the sample."""
-        point, prompt, calls = answer.request.tag
-        calls = [*calls, answer]
+        tag: SampleCall = answer.request.tag
+        point, prompt, calls = tag.point, tag.prompt, (*tag.calls, answer)
         answer_pass = self.task.answer_pass
         if answer_pass and len(calls) == 1:
             messages = answer_pass.messages(prompt, answer_text(self.tokenizer, answer))

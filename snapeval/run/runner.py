@@ -27,8 +27,9 @@ from snapeval.results import DEFAULT_LEASE_S, ResultsDB, config_hash, stored_con
 from snapeval.results.connect import write_error
 from snapeval.results.leases import Lease
 from snapeval.results.mirror import open_results
-from snapeval.run.evaluation import Evaluation, Loaded, Point
+from snapeval.run.evaluation import Evaluation, Loaded
 from snapeval.run.plan import PlannedPoint, RunPlan, make_plan
+from snapeval.run.points import Point
 from snapeval.run.signals import stop_on_signals
 from snapeval.run.workers import shard
 from snapeval.tasks import Prompt

@@ -6,8 +6,8 @@ A grid of more than :data:`SETTINGS_PER_PREFILL` settings is handed to the batch
 per problem (the first time, only as many as it has rows), each group claimed in one transaction: memory
 and the wait for the first answer stay bounded however many settings the grid has.
 
-Requests carry ``tag = (point, prompt, calls)`` (:mod:`snapeval.run.runner`); a point has ``digest``
-(its config hash), ``run_id`` and ``claimed`` (the sample ids this worker holds).
+Requests carry a :class:`~snapeval.run.points.SampleCall` tag (its point: ``digest``, its config hash,
+``run_id`` and ``claimed``, the sample ids this worker holds; its prompt).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class ClaimingFeed:
 
     def __init__(self, db: ResultsDB, queued: list[Request], batch_size: int, lease_s: float) -> None:
         self.db, self.batch_size, self.lease_s = db, batch_size, lease_s
-        split = len({request.tag[0].digest for request in queued}) > SETTINGS_PER_PREFILL
+        split = len({request.tag.point.digest for request in queued}) > SETTINGS_PER_PREFILL
         first = min(batch_size, SETTINGS_PER_PREFILL) if split else SETTINGS_PER_PREFILL
         sizes = itertools.chain([first], itertools.repeat(SETTINGS_PER_PREFILL))
         self.groups = deque(
@@ -60,14 +60,14 @@ class ClaimingFeed:
             group = self.groups.popleft()
             points, ids = {}, defaultdict(list)
             for request in group:
-                point, prompt = request.tag[0], request.tag[1]
+                point, prompt = request.tag.point, request.tag.prompt
                 points[point.digest] = point
                 ids[point.digest].append(prompt.id)
             wanted = {digest: (point.run_id, ids[digest]) for digest, point in points.items()}
             mine = self.db.claim_points(wanted, self.lease_s)
             for digest, point in points.items():
                 point.claimed |= mine[digest]
-            handed += [request for request in group if request.tag[1].id in mine[request.tag[0].digest]]
+            handed += [request for request in group if stored_in(request, mine)]
         self.claimed_any |= bool(handed)
         return handed
 
@@ -79,7 +79,7 @@ def _by_points(problem: Iterable[Request], sizes: Iterator[int]) -> list[list[Re
     groups: list[list[Request]] = []
     room = 0  # points the groups so far can hold
     for request in problem:
-        digest = request.tag[0].digest
+        digest = request.tag.point.digest
         if digest not in group_of:
             if len(group_of) == room:
                 groups.append([])
@@ -89,11 +89,11 @@ def _by_points(problem: Iterable[Request], sizes: Iterator[int]) -> list[list[Re
     return groups
 
 
-def stored_in(request: Request, done: Mapping[str, set[str]]) -> bool:
-    point, prompt = request.tag[0], request.tag[1]
-    return prompt.id in done[point.digest]
+def stored_in(request: Request, samples: Mapping[str, set[str]]) -> bool:
+    """Whether ``request``'s sample is among ``samples`` (sample ids by config hash: stored, or claimed)."""
+    return request.tag.prompt.id in samples[request.tag.point.digest]
 
 
 def _problem_of(request: Request) -> str:
-    prompt = request.tag[1]
+    prompt = request.tag.prompt
     return str(prompt.metadata.get("problem", prompt.id))
