@@ -68,6 +68,7 @@ class EngineAnswer(Answer):
 def make_client(model: str, arguments: str | None) -> Any:
     """lm-eval's ``model`` client, made from ``arguments`` (``k=v,k=v``) over text prompts; one line on
     ``model.backend`` for a name lm-eval does not know."""
+    import lm_eval.models  # noqa: F401  (lm-eval's own clients: a plugin registered first hides them)
     from lm_eval.api.registry import get_model
 
     try:
