@@ -112,11 +112,11 @@ def test_a_runner_request_equals_the_lm_eval_request_for_the_same_prompt(
         "task.max_new_tokens=3",
     )
     [summary] = runner.run(cfg)
-    by_prompt = {request.tag[1].id: request for request in queued}
+    by_prompt = {request.tag.prompt.id: request for request in queued}
     assert summary.computed == 2 and len(by_prompt) == 2
     lm = SnapStreamLM(pretrained=str(tiny_folder), method="full")
     for ours in by_prompt.values():
-        _, prompt, _ = ours.tag
+        prompt = ours.tag.prompt
         seed = sample_seed(cfg["seed"], prompt.id)
         gen_kwargs = {"until": [], "max_gen_toks": 3, "seed": seed}
         theirs = lm._request(0, (lm.apply_chat_template(prompt.messages), gen_kwargs))
