@@ -65,7 +65,9 @@ def test_snapstream_with_budget_over_prompt_gives_the_full_cache_outputs(tiny, t
     assert full.config_hash != snap.config_hash
     with ResultsDB(tmp_path / "db.sqlite") as db:
         outputs = [{r["sample_id"]: r["output"] for r in db.samples_for(s.config_hash)} for s in (full, snap)]
+        answered_by = db.engine.connect().execute(select(runs.c.engine)).scalars().all()
     assert outputs[0] == outputs[1]
+    assert answered_by == [{"backend": "snapeval", "weights": "float32"}] * 2  # how the weights ran
 
 
 def test_rerun_computes_only_missing_samples_and_survives_interruption(tiny, tmp_path, monkeypatch):

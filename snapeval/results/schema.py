@@ -63,7 +63,7 @@ runs = Table(
     Column("model", String(255)),
     Column("task", String(255)),
     Column("method", String(64)),
-    Column("engine", JSON(none_as_null=True)),  # a deployed engine's identity (snapeval.backends.identity)
+    Column("engine", JSON(none_as_null=True)),  # who answered: a deployed engine, or snapeval
     CheckConstraint(f"status IN {RUN_STATUSES}", name="ck_runs_status"),
     Index("ix_runs_model_task_method", "model", "task", "method"),
 )

@@ -108,7 +108,8 @@ class ResultsDB(RunLedger):
         return inserted
 
     def record_engine(self, run_ids: Iterable[int], engine: Mapping[str, Any]) -> None:
-        """Store the identity of the deployed engine that answers the runs ``run_ids``."""
+        """Store who answers the runs ``run_ids``: a deployed engine's identity, or snapeval's own engine with
+        how it holds the weights (``fp8 kernels``, ``fp8 dequantized to float32``, ``bfloat16``, ...)."""
         with self.engine.begin() as conn:
             conn.execute(update(runs).where(runs.c.id.in_(list(run_ids))).values(engine=dict(engine)))
 

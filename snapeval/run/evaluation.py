@@ -37,7 +37,8 @@ from snapeval.configs.setting import CacheSetting
 from snapeval.decode.batch_rows import usable_rows
 from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
 from snapeval.decode.stops import stop_ids
-from snapeval.models import ModelSpec, attach_drafts, load_model, load_tokenizer
+from snapeval.models import ModelSpec, attach_drafts, load_model, load_tokenizer, model_config
+from snapeval.models.weights import weights_path
 from snapeval.results import ResultsDB, config_hash
 from snapeval.run.points import Point, SampleCall
 from snapeval.run.records import answer_text, sample_row
@@ -94,6 +95,8 @@ class Evaluation:
         self.model = None if self.remote else loaded.model
         if self.model is not None:
             attach_drafts(self.model, tokenizer, [point.config["cache"] for point in points])
+            weights = weights_path(self.model, model_config(loaded.spec))  # fp8 kernels, dequantized, ...
+            db.record_engine([point.run_id for point in points], {"backend": "snapeval", "weights": weights})
         self.device = torch.device("cpu") if self.model is None else self.model.device
         eos = stop_ids(tokenizer, None if self.model is None else self.model.generation_config)
         self.builder = RequestBuilder.for_task(tokenizer, task, loaded.spec.max_context, eos)
