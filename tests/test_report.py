@@ -300,6 +300,7 @@ def test_capacity_at_the_tensor_parallel_degree_the_runs_recorded(tmp_path, caps
     assert row_of(memory, "Full cache")[1] == "64.00 MiB"  # 128 MiB over 2 ranks
     said = [b.text for b in section(document, "KV memory per sequence") if isinstance(b, Paragraph)]
     assert any("tp=2: the weights and KV heads split over 2 sockets, as the runs were" in t for t in said)
+    assert any("bf16 KV, bf16 weights, tp=2" in t for t in said)  # the dtypes the estimator sized
 
     with ResultsDB(url) as db:  # a compressed setting at tp=1 beside the tp=2 full cache
         store(db, [*PASSKEY, "cache=snapkv", "cache.budget=256"], SNAPSTREAM[256], KV_BYTES[256])

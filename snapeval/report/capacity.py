@@ -86,7 +86,8 @@ def capacity_blocks(experiment: Experiment, decisions: list[Decision]) -> list[B
         *blocks,
         Paragraph(
             f"{geometry.name} ({geometry.attention}, {geometry.num_layers} layers) at {context:,} tokens "
-            f"({found}); bf16 KV and weights, {degree_text}, KV in what the weights leave."
+            f"({found}); {estimates[0].kv_dtype} KV, {estimates[0].weights_dtype} weights, {degree_text}, "
+            "KV in what the weights leave."
         ),
         Table(header, tuple(rows)),
         Paragraph(
