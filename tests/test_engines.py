@@ -7,34 +7,29 @@ requests, and the run is stored as any other.
   model weights; its KV bytes are unknown (None), never 0.
 * ``model.backend`` enters the config hash (an engine's answers are not snapeval's); a run that leaves it
   unset keeps today's hash; ``model.backend_args`` is stored but not hashed, and a secret in it is refused.
-* The real engine: llama.cpp's OpenAI-compatible server (``llama-cpp-python[server]``, slow: ``.ci/run``
-  installs and runs it) serving the embedded GGUF, through lm-eval's ``local-completions``: started by
-  the test, or by snapeval itself from ``engine.serve`` (then stored with the run and stopped after it).
+* An unreachable ``base_url`` is refused in one line before torch; a client that fails mid-run ends the
+  run in one line, closed as failed. The real engine, llama.cpp's server: tests/test_engine_llama_cpp.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 import sqlite3
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
+from snapeval.backends.serve import free_port
 from snapeval.configs.backend import backend_args_check, backend_check, client_arguments
 from snapeval.errors import SnapevalError
 from snapeval.results import config_hash
 from snapeval.run import runner
 
-from .conftest import SMOLLM2, compose_config
+from .conftest import compose_config
 
 ECHO = "snapeval-test-passkey-reader"
-TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -120,95 +115,8 @@ def test_the_backend_is_hashed_its_arguments_stored_and_secrets_refused():
     }
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def llama_cpp_server(tmp_path_factory):
-    """llama.cpp's OpenAI-compatible server on the embedded SmolLM2 GGUF, on a free port of 127.0.0.1."""
-    pytest.importorskip(
-        "llama_cpp.server", reason="llama-cpp-python[server] is not installed (.ci/run installs it)"
-    )
-    from snapeval.models import resolve_pretrained
-
-    gguf = Path(resolve_pretrained(SMOLLM2.pretrained)) / SMOLLM2.gguf_file  # the embedded model's
-    port = free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "2048"]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--model_alias", "smollm2"]
-    with log.open("w") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert server.poll() is None, log.read_text()[-2000:]
-            time.sleep(0.5)
-    yield port
-    server.terminate()
-    server.wait(timeout=30)
-
-
-@pytest.mark.slow  # .ci/run installs llama-cpp-python[server] and runs it
-def test_the_embedded_model_served_by_llama_cpp_answers_through_local_completions(llama_cpp_server, tmp_path):
-    """The issue's command, as written, against the real server: 3 passkeys at 1k stored and scored."""
-    db = tmp_path / "served.db"
-    arguments = f"base_url=http://127.0.0.1:{llama_cpp_server}/v1/completions,model=smollm2"
-    command = [sys.executable, "-m", "snapeval", "model.backend=lm_eval:local-completions"]
-    command += [f"model.backend_args={arguments}", "task=ruler_passkey", "task.context_length=1024"]
-    command += ["run.limit=3", "run.progress=false", f"run.db={db}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ})
-    assert done.returncode == 0, done.stderr[-3000:]
-    with sqlite3.connect(db) as connection:
-        rows = connection.execute("SELECT output, score, generated_tokens FROM samples").fetchall()
-    assert len(rows) == 3 and all(output.strip() for output, _, _ in rows), rows
-    assert sum(score for _, score, _ in rows) >= 2, rows  # SmolLM2 finds a 1k passkey (snapeval: 10 of 10)
-
-
-@pytest.mark.slow  # .ci/run installs llama-cpp-python[server] and runs it
-def test_engine_serve_starts_llama_cpp_for_the_run_stores_it_and_leaves_no_server(tmp_path):
-    """The issue's command with ``engine.serve``: snapeval starts llama.cpp's server on a port it picks,
-    evaluates 3 passkeys at 1k through it, stores the backend and the server's identity, and stops it."""
-    pytest.importorskip("llama_cpp.server", reason="llama-cpp-python[server] is not installed")
-    import psutil
-
-    from snapeval.models import resolve_pretrained
-
-    gguf = Path(resolve_pretrained(SMOLLM2.pretrained)) / SMOLLM2.gguf_file
-    serve = (
-        f"{sys.executable} -m llama_cpp.server --model {gguf} --n_ctx 2048 --host 127.0.0.1 --port {{port}}"
-    )
-    db = tmp_path / "served.db"
-    command = [sys.executable, "-m", "snapeval", "model.backend=lm_eval:local-completions"]
-    command += ["model.backend_args=base_url=http://127.0.0.1:{port}/v1/completions,model=smollm2"]
-    command += [f"engine.serve={serve}", "task=ruler_passkey", "task.context_length=1024", "run.limit=3"]
-    command += ["run.progress=false", f"run.db={db}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=2 * TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-3000:]
-    with sqlite3.connect(db) as connection:
-        [(config, engine)] = connection.execute("SELECT config, engine FROM runs").fetchall()
-        scores = [score for (score,) in connection.execute("SELECT score FROM samples")]
-    assert json.loads(config)["model"]["backend"] == "lm_eval:local-completions"
-    engine = json.loads(engine)
-    port = int(re.search(r"--port (\d+)$", engine["serve"])[1])
-    assert engine["serve"] == serve.replace("{port}", str(port))
-    assert engine["backend_args"] == f"base_url=http://127.0.0.1:{port}/v1/completions,model=smollm2"
-    assert engine["models"]["data"][0]["id"] == str(gguf) and engine["server"] == "uvicorn"
-    assert "Application shutdown complete" in Path(engine["log"]).read_text()  # stopped by SIGTERM
-    assert len(scores) == 3 and sum(scores) >= 2, scores
-    left = [
-        p for p in psutil.process_iter(["cmdline"]) if f"--port {port}" in " ".join(p.info["cmdline"] or [])
-    ]
-    assert left == []
-
-
 def test_an_unreachable_engine_is_refused_in_one_line_before_torch(torch_refused, tmp_path):
-    port = free_port()  # nothing listens there
+    port = free_port(set())  # nothing listens there
     command = [sys.executable, "-m", "snapeval", "model.backend=lm_eval:local-completions"]
     command += [f"model.backend_args=base_url=http://127.0.0.1:{port}/v1/completions,model=m"]
     command += ["run.limit=1", f"run.db={tmp_path / 'u.db'}"]

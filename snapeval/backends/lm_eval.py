@@ -16,6 +16,7 @@ tokens than were sent cut the prompt without saying so (:attr:`EngineAnswer.trun
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -165,6 +166,7 @@ class LmEvalAnswerer:
         try:
             outputs = self.client.generate_until(instances, disable_tqdm=True)
         except Exception as exc:  # the client's retries are spent: the server is gone, or refuses
+            print(file=sys.stderr, flush=True)  # ends the line of the client's progress bar, left open
             failure = failure_line(exc, self.patience())
             raise SnapevalError(f"the engine failed to answer: {failure}", FIELD) from None
         seconds = (time.perf_counter() - started) / len(batch)
