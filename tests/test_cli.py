@@ -45,7 +45,10 @@ SCHEMA = [  # refused by the config's declarations, before torch loads
         "task.limt: unknown key; task ruler_passkey has context_length, kind, max_new_tokens, name,",
     ),
     (["task.contxt_length=5"], "task.contxt_length: unknown key; task has context_length, kind,"),
-    (["+foo=1"], "foo: unknown key; the config has cache, engine, generation, grid, hardware, job, memory, model,"),
+    (
+        ["+foo=1"],
+        "foo: unknown key; the config has cache, engine, generation, grid, hardware, job, memory, model,",
+    ),
     (["memory.fo=1"], "memory.fo: no such key (check its spelling; +KEY=... adds a new one)"),
     (["cache=snapkv", "cache.window=abc"], "cache.window: must be an integer >= 1, got 'abc'"),
     (["task=livecodebench", "task.stop=3"], "task.stop: must be a list, got 3"),
