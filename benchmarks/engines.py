@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,13 +35,13 @@ from machine import available_cores, cpu_model
 from tabulate import tabulate
 
 from snapeval.backends.lm_eval import LmEvalAnswerer, make_client
+from snapeval.backends.serve import ServedEngine, free_port
 from snapeval.cache import install
 from snapeval.cli import one_line_errors
 from snapeval.configs.compose import compose_config
 from snapeval.configs.setting import CacheSetting
 from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
 from snapeval.decode.sampling import Sampling
-from snapeval.errors import SnapevalError
 from snapeval.models import load_model, load_tokenizer, resolve_pretrained
 from snapeval.run.requests import RequestBuilder
 from snapeval.tasks import load_task
@@ -90,42 +88,19 @@ def answer_all(answerer: Any, requests: list[Request]) -> tuple[dict[str, list[i
     return tokens, time.perf_counter() - started
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def llama_cpp_server(threads: int) -> Iterator[int]:
-    """llama.cpp's server on the embedded GGUF with ``threads`` threads; its port while it runs."""
+    """llama.cpp's server on the embedded GGUF with ``threads`` threads, started and stopped as
+    ``engine.serve`` starts and stops one (:class:`~snapeval.backends.serve.ServedEngine`); its port."""
     gguf = Path(resolve_pretrained(SPEC.pretrained)) / SPEC.gguf_file
-    port = free_port()
+    port = free_port(set())
     command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "2048"]
     command += ["--n_threads", str(threads), "--host", "127.0.0.1", "--port", str(port)]
     command += ["--model_alias", "smollm2"]
-    with tempfile.TemporaryFile("w+") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_for(server, port, log)
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "server.log"
+        with ServedEngine(command, f"http://127.0.0.1:{port}/v1/models", log, READY_S):
             yield port
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-
-
-def wait_for(server: subprocess.Popen, port: int, log: Any) -> None:
-    deadline = time.monotonic() + READY_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            log.seek(0)
-            raise SnapevalError(f"the server exited: {log.read()[-500:]}", "--server-threads")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise SnapevalError(f"the server did not answer in {READY_S} s", "--server-threads")
 
 
 def row(backend: str, concurrency: int, tokens: dict, wall: float, reference: dict, inside: float | None):
