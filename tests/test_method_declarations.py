@@ -131,6 +131,8 @@ def test_a_ninth_method_is_one_short_declaration():
         "method": "keep_last",
         "budget": 1024,
         "ratio": None,
+        "prefill_chunk": None,
+        "kv_dtype": None,
         "recent": 16,
     }
     with pytest.raises(SnapevalError, match=r"^cache\.recent: must be an integer >= 1, got 0$"):

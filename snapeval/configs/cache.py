@@ -32,6 +32,10 @@ SELF_DRAFT = "self"
 """The speculative prefill draft that is the target model itself."""
 
 
+KV_DTYPES = ("fp8_e4m3",)
+"""What ``cache.kv_dtype`` stores keys and values in, besides the model's own dtype (null)."""
+DEPLOYMENT = ("prefill_chunk", "kv_dtype")
+"""The fields every method takes that describe how it is deployed, not what it keeps."""
 POOLINGS = ("max", "avg")
 GQA_REDUCTIONS = ("mean", "max")
 
@@ -81,6 +85,8 @@ class Method(Checked):
     sets its ``label`` (its name in figures and tables), its cache's ``shape`` while decoding, its
     ``source``, the optional ``extra`` it needs (the dependency and the snapeval extra), and its name,
     ``method``; its own fields follow ``budget`` and ``ratio``, in the order results store them.
+    ``prefill_chunk`` and ``kv_dtype`` describe the deployment every method runs in (chunked prefill, KV
+    stored in FP8); left null, they are not stored and a setting keeps its hash.
     ``reserved`` names the fields whose slots the budget must exceed; such a method takes ``ratio`` instead
     of ``budget``, and sizes its cache as ``ceil(ratio * prompt length)`` (None: the method checks its
     budget itself, or takes none). :meth:`check_relations` checks its other relations between fields,
@@ -95,6 +101,12 @@ class Method(Checked):
     method: str
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
+    prefill_chunk: int | None = setting(
+        None, when_set=True, check=slots(optional=True), help="prefill the prompt this many tokens at a time"
+    )
+    kv_dtype: str | None = setting(
+        None, when_set=True, check=choice(*KV_DTYPES, optional=True), help="store keys and values in it"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

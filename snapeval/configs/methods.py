@@ -18,7 +18,7 @@ from dataclasses import fields
 from typing import Any
 
 from snapeval.configs import cache as declarations
-from snapeval.configs.cache import FULL, SELF_DRAFT
+from snapeval.configs.cache import DEPLOYMENT, FULL, SELF_DRAFT
 from snapeval.errors import SnapevalError
 
 
@@ -155,7 +155,7 @@ def method_table() -> str:
         defaults = ", ".join(
             f"`{f.name}` {_written(f.default)}"
             for f in fields(params)
-            if f.name in parameter_names(params) and f.name != "ratio"
+            if f.name in parameter_names(params) and f.name not in ("ratio", *DEPLOYMENT)
         )
         extra = f" Needs `pip install 'snapeval[{params.extra}]'`." if getattr(params, "extra", None) else ""
         shape, source = getattr(params, "shape", "-"), getattr(params, "source", "-")
