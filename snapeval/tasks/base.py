@@ -71,6 +71,12 @@ class Prompt:
     target: Any
     metadata: dict[str, Any] = field(default_factory=dict)
     doc: Any = field(default=None, repr=False, compare=False)  # the task's own row, never stored
+    followups: tuple[str, ...] = ()  # the user texts of the turns after the first, on the same context
+
+    @property
+    def turns(self) -> int:
+        """How many questions the sample asks of its context, one per turn."""
+        return 1 + len(self.followups)
 
 
 @dataclass(frozen=True)
@@ -210,14 +216,38 @@ class Task(ABC):
                 target=self.target(row),
                 metadata=self.prompt_metadata(row),
                 doc=row,
+                followups=self.followups(row),
             )
             for index, row in enumerate(self.rows(tokenizer)[: self.limit])
         ]
+
+    def followups(self, row: Mapping[str, Any]) -> tuple[str, ...]:
+        """The user texts of the turns after the first, asked of the same context in order, each after the
+        answers before it (none: a one-turn task)."""
+        return ()
+
+    def score_turn(self, row: Mapping[str, Any], turn: int, output: str) -> dict[str, float]:
+        """The :attr:`metrics` of the answer to turn ``turn`` (0: the first question)."""
+        return self.score_row(row, output)
 
     def score(self, prompt: Prompt, output: str) -> dict[str, float]:
         """The metrics of one output, with ``score``, the headline metric in [0, 1]."""
         metrics = self.score_row(prompt.doc, output)
         return {"score": float(metrics[self.metrics[0]]), **{k: float(v) for k, v in metrics.items()}}
+
+    def score_turns(self, prompt: Prompt, outputs: Sequence[str]) -> dict[str, float]:
+        """The metrics of a sample's answers, one per turn: a one-turn sample's :meth:`score`; for several
+        turns the headline metric of each (``turn_1``, ``turn_2``, ...) and their mean as ``score``."""
+        if len(outputs) != prompt.turns:
+            raise ValueError(f"sample {prompt.id} asks {prompt.turns} questions, got {len(outputs)} answers")
+        if prompt.turns == 1:
+            return self.score(prompt, outputs[0])
+        headline = self.metrics[0]
+        per_turn = {
+            f"turn_{turn + 1}": float(self.score_turn(prompt.doc, turn, output)[headline])
+            for turn, output in enumerate(outputs)
+        }
+        return {"score": sum(per_turn.values()) / len(per_turn), **per_turn}
 
 
 def metadata_choice(metadata: Mapping[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
