@@ -13,7 +13,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from snapeval.cache.attended import AttendedCache, DecodeCall, DecodePart
-from snapeval.cache.layer import KVLayer
+from snapeval.cache.layer import KVLayer, storage_dtype
 from snapeval.cache.method import CacheMethod, LayerPrompt
 from snapeval.cache.ring import EMPTY
 from snapeval.couplings import engine_bypassed
@@ -65,7 +65,7 @@ class SnapevalCache(CacheMethod, Cache, AttendedCache):
     def keep_prompt(self, layer: KVLayer, prompt: LayerPrompt) -> None:
         """Compress ``layer``'s prefilled ``prompt`` to this method's selection, and note how the method
         re-selects it while decoding, if it does."""
-        layer.keep(prompt.valid, self.select(prompt), prompt.sliding_window)
+        layer.keep(prompt.valid, self.select(prompt), prompt.sliding_window, storage_dtype(self.kv_dtype))
         layer.eviction = self.decode_eviction(prompt.length)
 
     def layer_prompt(

@@ -16,6 +16,14 @@ the whole prompt by scores of the layer's own windowed attention; the layer keep
 the columns the next query can still see (the last window - 1), oldest first, and the decode mask
 (:func:`~snapeval.cache.ring.visible_slots`) shows query i slot j iff i - window < j <= i. A chunk
 appended after prefill attends to the ring and the chunk together and leaves its last tokens in the ring.
+
+What a layer keeps is stored in its method's ``cache.kv_dtype`` (:func:`storage_dtype`; null: the model's
+own dtype). FP8 (``fp8_e4m3``) is stored as ``torch.float8_e4m3fn`` with a per-tensor scale of 1.0, what
+vLLM and SGLang do with ``--kv-cache-dtype fp8`` and no calibrated scales, saturated to its finite range
+(+-448) as vLLM's conversion is (:func:`to_storage`). The prefill attends its own keys and values in the
+model's dtype and the method selects from them; the kept slots are then stored, and every later attention
+(decode steps, appended chunks, their own new tokens included) reads the stored slots dequantized to the
+model's dtype.
 """
 
 from __future__ import annotations
@@ -33,8 +41,23 @@ from snapeval.cache.ring import (
     window_ring,
     write_slots,
 )
-from snapeval.configs.footprint import layer_slots, slot_bytes
+from snapeval.configs.footprint import KV_STORAGE, layer_slots, slot_bytes
 from snapeval.errors import SnapevalError
+
+
+def storage_dtype(kv_dtype: str | None) -> torch.dtype | None:
+    """The torch dtype keys and values are stored in under ``cache.kv_dtype`` (None: the model's own)."""
+    return None if kv_dtype is None else getattr(torch, KV_STORAGE[kv_dtype])
+
+
+def to_storage(states: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``states`` as stored in ``dtype``: as they are in their own dtype, else saturated to ``dtype``'s
+    finite range (FP8 E4M3: +-448; torch's plain cast would make NaN of what lies beyond) and cast, a
+    per-tensor scale of 1.0. Tensor operations only (a compiled step calls it)."""
+    if states.dtype == dtype:
+        return states
+    largest = torch.finfo(dtype).max
+    return states.clamp(-largest, largest).to(dtype)
 
 
 @dataclass
@@ -66,6 +89,7 @@ class KVLayer(CacheLayerMixin):
         self.window: int | None = None  # the layer's sliding window, once its prompt is kept
         self.fixed = False  # the method holds a fixed number of slots (else it grows)
         self.held = 0  # slots the method holds (on a full layer): its capacity, or what it kept and appended
+        self.stored: torch.dtype | None = None  # what its kept keys and values are stored in, once kept
         self.prefilled = False
         self._dense = False
         self._attended: torch.Tensor | None = None  # positions of the keys the last update returned
@@ -86,6 +110,9 @@ class KVLayer(CacheLayerMixin):
         columns = torch.arange(self.seen, self.seen + length, device=key_states.device)
         columns = columns.repeat(batch, heads, 1)
         self._attended = None
+        if self.prefilled:  # stored as the layer's slots are, and attended as read back from them
+            key_states = to_storage(key_states, self.stored)
+            value_states = to_storage(value_states, self.stored)
         if self.prefilled and not self.fixed:
             self.held += length
         if self.prefilled and self.evicts():
@@ -111,11 +138,11 @@ class KVLayer(CacheLayerMixin):
             self._write_ring((key_states[:, :, -tail:], value_states[:, :, -tail:], columns[..., -tail:]))
             self._attended = attended[2]
             self.seen += length
-            return attended[0], attended[1]
+            return attended[0].to(self.dtype), attended[1].to(self.dtype)
         else:
             self._write_ring((key_states, value_states, columns))
         self.seen += length
-        return self.keys, self.values
+        return self.keys.to(self.dtype), self.values.to(self.dtype)
 
     def _states(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.keys, self.values, self.positions
@@ -131,11 +158,19 @@ class KVLayer(CacheLayerMixin):
         write_slots(self._states(), slots[None], states)
         self.ring_next = (self.ring_next + length) % ring_size
 
-    def keep(self, valid: torch.Tensor, selection: Selection, window: int | None = None) -> None:
+    def keep(
+        self,
+        valid: torch.Tensor,
+        selection: Selection,
+        window: int | None = None,
+        stored: torch.dtype | None = None,
+    ) -> None:
         """Compress the prefilled prompt to ``selection``; padding columns (``~valid``) become EMPTY. A
         layer with a sliding ``window`` keeps the selected columns still inside it, in a ring of
-        ``min(window, the method's slots)`` slots (:func:`~snapeval.cache.ring.window_ring`)."""
+        ``min(window, the method's slots)`` slots (:func:`~snapeval.cache.ring.window_ring`). What it
+        keeps is stored in ``stored`` (:func:`to_storage`; None: the model's dtype)."""
         prompt = (self.keys, self.values, self.positions.masked_fill(~valid[:, None, :], EMPTY))
+        self.stored = stored or self.dtype
         kept = prompt if selection.pinned is None else _gather(*prompt, selection.pinned)
         self.prefilled = True
         self.window = window
@@ -145,10 +180,10 @@ class KVLayer(CacheLayerMixin):
         if window is not None:
             columns = kept[2] if selection.ring is None else torch.cat([kept[2], selection.ring], dim=-1)
             ring = window_ring(columns, self.seen, window, self.capacity)
-            self.keys, self.values, self.positions = _gather(*prompt, ring)
+            self._hold(*_gather(*prompt, ring))
             return
         if self.capacity is None:
-            self.keys, self.values, self.positions = kept
+            self._hold(*kept)
             return
         pinned = kept[0].shape[2]
         self.filled = pinned + (0 if selection.ring is None else selection.ring.shape[-1])
@@ -188,10 +223,11 @@ class KVLayer(CacheLayerMixin):
         return self.recent[name].last(row, self.fed, self.eviction.wanted(name, self.since))
 
     def held_states(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Keys, values and columns of the slots an evicting layer holds, in storage order."""
+        """Keys, values (read back in the model's dtype) and columns of the slots an evicting layer holds,
+        in storage order."""
         return (
-            self.keys[:, :, : self.filled],
-            self.values[:, :, : self.filled],
+            self.keys[:, :, : self.filled].to(self.dtype),
+            self.values[:, :, : self.filled].to(self.dtype),
             self.positions[..., : self.filled],
         )
 
@@ -199,19 +235,28 @@ class KVLayer(CacheLayerMixin):
         """After a re-selection: hold its row (its kept slots first; None: unchanged) and write the next
         token after them."""
         if reselected is not None:
-            (self.keys, self.values, self.positions), kept = reselected
+            states, kept = reselected
+            self._hold(*states)
             self.ring_start, self.ring_next, self.filled = 0, kept, kept
             self._dense = False  # its slots fill up again
         self.since = 0
 
+    def _hold(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
+        """Hold these slots, keys and values stored in the layer's dtype."""
+        self.keys, self.values = to_storage(keys, self.stored), to_storage(values, self.stored)
+        self.positions = positions
+
     def _allocate(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor) -> None:
         batch, heads = keys.shape[:2]
-        self.keys = keys.new_zeros(batch, heads, self.capacity, keys.shape[-1])
-        self.values = values.new_zeros(batch, heads, self.capacity, values.shape[-1])
+        self.keys = keys.new_zeros(batch, heads, self.capacity, keys.shape[-1], dtype=self.stored)
+        self.values = values.new_zeros(batch, heads, self.capacity, values.shape[-1], dtype=self.stored)
         self.positions = positions.new_full((batch, heads, self.capacity), EMPTY)
 
     def _write(self, slots: slice, states: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
-        self.keys[:, :, slots], self.values[:, :, slots], self.positions[:, :, slots] = states
+        keys, values, positions = states
+        self.keys[:, :, slots] = to_storage(keys, self.stored)
+        self.values[:, :, slots] = to_storage(values, self.stored)
+        self.positions[:, :, slots] = positions
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """``repeats`` copies of every batch row, in order: one prefill shared by several generations."""
@@ -249,7 +294,7 @@ class KVLayer(CacheLayerMixin):
     get_max_cache_shape = get_max_length  # its name in transformers < 5.3
 
     def kv_bytes(self) -> int:
-        """Bytes of the keys and values held: every batch row's slots (:func:`slot_bytes`)."""
+        """Bytes of the keys and values held, as stored: every batch row's slots (:func:`slot_bytes`)."""
         if self.keys is None:
             return 0
         batch, heads, slots, key_dim = self.keys.shape

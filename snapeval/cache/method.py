@@ -105,6 +105,9 @@ class CacheMethod(ABC):
     selects_before_prefill = False
     """True for a method that chooses which prompt tokens to prefill (:meth:`prefill_input`): its prefill
     is its own, never shared with other settings."""
+    kv_dtype: str | None = None
+    """What its layers store kept keys and values in (``cache.kv_dtype``; None: the model's dtype), a
+    parameter of every declared method (:func:`~snapeval.cache.layer.storage_dtype`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -21,6 +21,7 @@ import torch
 from snapeval.cache.attention import LOCAL_HEADS, ROTARY_MODULE
 from snapeval.cache.base import EMPTY, SnapevalCache
 from snapeval.cache.eviction import Eviction, Recent
+from snapeval.cache.layer import to_storage
 from snapeval.cache.ring import RowRings
 from snapeval.errors import SnapevalError
 
@@ -104,15 +105,18 @@ class StepRecorder:
         rings: RowRings,
         row: int,
         due: Reselection,
+        dtype: torch.dtype,
     ) -> int:
         """Re-select ``row`` of a slot cache's ``buffers`` (keys, values, columns per layer) and full-layer
-        ``rings`` in place, as ``due`` says. Returns the tokens the row holds."""
+        ``rings`` in place, as ``due`` says, its keys and values scored as read back in ``dtype`` (the
+        model's) and stored again as the buffers are. Returns the tokens the row holds."""
         method, eviction, held, fed, since = due.method, due.eviction, due.held, due.fed, due.since
         prompt_length, kept = due.prompt_length, held
         for index in self.full_layers:
             module = self.modules[index]
             keys, values, positions = (layers[index] for layers in buffers)
-            states = tuple(state[row : row + 1, :, :held] for state in (keys, values, positions))
+            states = (keys[row : row + 1, :, :held].to(dtype), values[row : row + 1, :, :held].to(dtype))
+            states = (*states, positions[row : row + 1, :, :held])
             hidden = self.entries(HIDDEN, index, row, fed, eviction.wanted(HIDDEN, since))
             position_embeddings = None
             if hidden is not None:  # the last fed token's, as its step computed them
@@ -127,7 +131,8 @@ class StepRecorder:
             width = new_keys.shape[2]
             if width > keys.shape[2]:
                 raise SnapevalError(f"a row of {width} slots does not fit this slot cache's {keys.shape[2]}")
-            keys[row, :, :width], values[row, :, :width] = new_keys[0], new_values[0]
+            keys[row, :, :width] = to_storage(new_keys[0], keys.dtype)
+            values[row, :, :width] = to_storage(new_values[0], values.dtype)
             positions[row] = EMPTY
             positions[row, :, :width] = new_positions[0]
         rings.valid[row] = rings.slot_index < kept

@@ -27,13 +27,14 @@ class RowSinks:
     def tensors(self) -> list[torch.Tensor]:
         return [self.rerotate, *self.keys]
 
-    def prepare(self, sinks: int, like: list[torch.Tensor]) -> None:
-        """Room for ``sinks`` sink keys per row in each layer (``like``: the layers' key buffers); new
-        buffers only when more sinks than ever are asked for."""
+    def prepare(self, sinks: int, like: list[torch.Tensor], dtype: torch.dtype) -> None:
+        """Room for ``sinks`` sink keys per row in each layer (``like``: the layers' key buffers), read back
+        in ``dtype`` (the model's); new buffers only when more sinks than ever are asked for."""
         self.any = True
         if self.keys and self.keys[0].shape[2] >= sinks:
             return
-        old, self.keys = self.keys, [key.new_zeros(*key.shape[:2], sinks, key.shape[3]) for key in like]
+        shapes = [(*key.shape[:2], sinks, key.shape[3]) for key in like]
+        old, self.keys = self.keys, [like[0].new_zeros(shape, dtype=dtype) for shape in shapes]
         for new, kept in zip(self.keys, old, strict=False):
             new[:, :, : kept.shape[2]] = kept
 

@@ -15,9 +15,16 @@ and tokens seen are device tensors, moved by the functions of :mod:`snapeval.cac
 single-sequence caches use too. A decode step (:meth:`begin_step`, one model call, :meth:`end_step`,
 driven by the batcher's :class:`~snapeval.decode.continuous.classes.RowClasses`, the cache the model is
 handed) writes each row's token at its own slot, masks what each row does not hold, and advances the
-cursors with tensor operations only: no host synchronisation, no branch on tensor values, no allocation,
-so it compiles to one graph and can be captured as a CUDA graph. Different prompt lengths, budgets and methods
-in one batch are just rows with different valid slots.
+cursors with tensor operations only: no host synchronisation, no branch on tensor values, no allocation
+(but, under ``cache.kv_dtype``, the copies read back), so it compiles to one graph and can be captured as a
+CUDA graph. Different prompt lengths, budgets and methods in one batch are just rows with different valid
+slots.
+
+All rows of a slot cache store keys and values in one dtype: the model's, or its rows' ``cache.kv_dtype``
+(FP8: ``torch.float8_e4m3fn``, scale 1.0, saturated, as :mod:`snapeval.cache.layer` stores them). A step
+writes its token's key and value stored so (:func:`~snapeval.cache.layer.to_storage`) and attends every
+held slot, its own included, read back in the model's dtype (:meth:`SlotCache.keys_to_attend`,
+:meth:`SlotCache.values_to_attend`); a row loads a cache stored in the same dtype, or is refused.
 
 Which slots are valid is the same for every full layer and KV head of a row (every method keeps the same
 number of tokens per head, and the ring fills in the same order), so one (rows, capacity) mask serves
@@ -34,6 +41,7 @@ from transformers import DynamicCache
 
 from snapeval.cache.attention import ROPE_ROTATION, cache_keyword
 from snapeval.cache.base import EMPTY, SnapevalCache, histogram_of_kept, stacked
+from snapeval.cache.layer import storage_dtype, to_storage
 from snapeval.cache.ring import (
     RowRings,
     model_windows,
@@ -45,7 +53,7 @@ from snapeval.cache.ring import (
 from snapeval.cache.rope import KeyRotation
 from snapeval.cache.row_eviction import Reselection, StepRecorder
 from snapeval.cache.row_sinks import RowSinks
-from snapeval.configs.footprint import layer_slots, row_slots, slot_bytes
+from snapeval.configs.footprint import kv_element_bytes, layer_slots, row_slots, slot_bytes
 from snapeval.errors import SnapevalError
 
 
@@ -59,7 +67,8 @@ class SlotCache:
     StreamingLLM cache with ``rerotate``. Keys are ``key_dim`` wide and values ``value_dim`` (MLA caches a
     latent as keys and the narrower rotary key as values, in one cache head). ``windows``: per layer, its
     sliding window or None; a windowed layer holds ``min(window, capacity)`` slots, with ring cursors of
-    its own (those of every layer with that window).
+    its own (those of every layer with that window). Keys and values are stored in ``kv_dtype`` (a
+    ``cache.kv_dtype``; None: the model's ``dtype``) and read back in ``dtype``.
     """
 
     def __init__(
@@ -75,16 +84,18 @@ class SlotCache:
         rotations: list[KeyRotation | str | None] | None = None,
         windows: list[int | None] | None = None,
         modules: dict[int, torch.nn.Module] | None = None,
+        kv_dtype: str | None = None,
     ) -> None:
-        self.rows, self.capacity, self.num_layers = rows, capacity, layers
+        self.rows, self.capacity, self.num_layers, self.dtype = rows, capacity, layers, dtype
         self.windows = windows or [None] * layers
         self.rings = {
             window: RowRings(rows, layer_slots(window, capacity), device) for window in self.windows
         }
-        self.shapes = CachedShapes(layers, kv_heads, key_dim, value_dim, dtype, tuple(self.windows))
+        self.shapes = CachedShapes(layers, kv_heads, key_dim, value_dim, dtype, tuple(self.windows), kv_dtype)
         shapes = [(rows, kv_heads, self.rings[window].capacity) for window in self.windows]
-        self.keys = [torch.zeros(*shape, key_dim, dtype=dtype, device=device) for shape in shapes]
-        self.values = [torch.zeros(*shape, value_dim, dtype=dtype, device=device) for shape in shapes]
+        stored = self.shapes.stored
+        self.keys = [torch.zeros(*shape, key_dim, dtype=stored, device=device) for shape in shapes]
+        self.values = [torch.zeros(*shape, value_dim, dtype=stored, device=device) for shape in shapes]
         self.positions = [torch.full(shape, EMPTY, device=device) for shape in shapes]
         self.seen = torch.zeros(rows, dtype=torch.long, device=device)
         self.lead = rows_and_heads(rows, kv_heads, device)  # the row and head indices of every write
@@ -98,12 +109,14 @@ class SlotCache:
     ) -> SlotCache:
         """A slot cache shaped for ``model`` (a transformers causal LM with the snapeval attention): its
         rows have the shapes of the tensors the model itself caches and each layer the sliding window its
-        attention passes (``shapes``, read by :func:`cached_shapes` if not given)."""
+        attention passes (``shapes``, read by :func:`cached_shapes` if not given), stored in their
+        ``kv_dtype``."""
         # a layer's attention module comes after its decoder layer, so it is the one kept per index
         attentions = {m.layer_idx: m for m in model.modules() if hasattr(m, "layer_idx")}
         rotations = [getattr(attentions.get(index), ROPE_ROTATION, None) for index in range(len(attentions))]
-        *shape, windows = shapes or cached_shapes(model)
-        return cls(rows, capacity, *shape, model.device, rotations, list(windows), attentions)
+        shapes = shapes or cached_shapes(model)
+        windows, kv_dtype = list(shapes.windows), shapes.kv_dtype
+        return cls(rows, capacity, *shapes[:5], model.device, rotations, windows, attentions, kv_dtype)
 
     @property
     def ring_wraps(self) -> torch.Tensor:
@@ -121,10 +134,11 @@ class SlotCache:
             keys.shape[1],
             keys.shape[3],
             values.shape[3],
-            keys.dtype,
+            self.dtype,
             keys.device,
             self.rotations,
             self.windows,
+            kv_dtype=self.shapes.kv_dtype,
         )
         bigger.sinks.copy_from(self.sinks)
         bigger.recorder.copy_from(self.recorder)
@@ -162,6 +176,9 @@ class SlotCache:
             window = self.windows[index]
             if layer.keys.shape[0] != 1 or layer.window != window:
                 raise SnapevalError("a slot row takes one request prefilled by this model")
+            if layer.keys.dtype != self.keys[index].dtype:
+                stored = f"{self.keys[index].dtype}; its cache, {layer.keys.dtype}"
+                raise SnapevalError(f"a slot row stores keys in {stored}", "cache.kv_dtype")
             if window is None:
                 cursor = (layer.ring_start, layer.ring_next) if layer.fixed else (layer.held, 0)
                 held, order = layer.keys.shape[2], slice(None)
@@ -205,13 +222,13 @@ class SlotCache:
         re-rotated; one that evicts while decoding has the step record what it scores from."""
         eviction = cache.decode_eviction(prompt_length)
         if eviction is not None:
-            self.recorder.prepare(eviction, self.keys[0].dtype)
+            self.recorder.prepare(eviction, self.dtype)
         if getattr(cache, "rerotate", False):  # StreamingLLM's: sinks turned to their place in the cache
             for rotation in self.rotations:
                 if not isinstance(rotation, KeyRotation):
                     why = rotation or "re-rotating keys needs an installed model"
                     raise SnapevalError(why, "cache.rerotate")
-            self.sinks.prepare(cache.sinks, self.keys)
+            self.sinks.prepare(cache.sinks, self.keys, self.dtype)
 
     def attention_mask(self, layer_idx: int, num_heads: int, window: int | None = None) -> torch.Tensor:
         """The step's mask of ``layer_idx``, once its token is written: the slots each row holds (rows, 1,
@@ -223,21 +240,27 @@ class SlotCache:
         return visible.repeat_interleave(num_heads // visible.shape[1], dim=1)
 
     def write(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int) -> None:
-        """Write the step's key and value of every row at the row's slot of ``layer_idx``."""
+        """Write the step's key and value of every row, stored in the rows' dtype, at the row's slot of
+        ``layer_idx``."""
         keys, values, positions = self.keys[layer_idx], self.values[layer_idx], self.positions[layer_idx]
         rings = self.rings[self.windows[layer_idx]]
         rows, heads = keys.shape[:2]
         columns = self.seen[:, None, None].expand(rows, heads, 1)
-        states = (key_states, value_states, columns)
+        states = (to_storage(key_states, keys.dtype), to_storage(value_states, values.dtype), columns)
         write_slots((keys, values, positions), rings.slot[:, None], states, self.lead)
 
     def keys_to_attend(self, layer_idx: int) -> torch.Tensor:
-        """The held keys of ``layer_idx``, a re-rotating row's sinks turned to their place in the row."""
-        keys = self.keys[layer_idx]
+        """The held keys of ``layer_idx`` in the model's dtype, a re-rotating row's sinks turned to their
+        place in the row (in the keys read back: in the buffer itself where it is in the model's dtype)."""
+        keys = self.keys[layer_idx].to(self.dtype)
         if self.sinks.any and self.windows[layer_idx] is None:  # written in place: a few slots per row
             rings, rotation = self.rings[None], self.rotations[layer_idx]
             self.sinks.turn(layer_idx, keys, self.positions[layer_idx], rings, rotation)
         return keys
+
+    def values_to_attend(self, layer_idx: int) -> torch.Tensor:
+        """The held values of ``layer_idx`` in the model's dtype."""
+        return self.values[layer_idx].to(self.dtype)
 
     @property
     def wants_layer_inputs(self) -> bool:
@@ -260,7 +283,7 @@ class SlotCache:
         """Re-select ``row`` in place, between steps (see :meth:`StepRecorder.reselect_row`); returns the
         tokens it holds."""
         buffers = (self.keys, self.values, self.positions)
-        return self.recorder.reselect_row(buffers, self.rings[None], row, due)
+        return self.recorder.reselect_row(buffers, self.rings[None], row, due, self.dtype)
 
     # --- what a row holds ------------------------------------------------------------------------
     def row_positions(self, row: int) -> torch.Tensor:
@@ -281,7 +304,8 @@ class SlotCache:
 
 class CachedShapes(NamedTuple):
     """What a model caches per token (:func:`cached_shapes`): in each of ``layers`` layers ``kv_heads`` heads
-    of keys and values of ``dtype``; each layer's sliding window in ``windows`` (None: a full layer)."""
+    of keys and values of ``dtype``; each layer's sliding window in ``windows`` (None: a full layer); and
+    what rows store them in, ``kv_dtype`` (a ``cache.kv_dtype``; None: ``dtype``)."""
 
     layers: int
     kv_heads: int
@@ -289,11 +313,18 @@ class CachedShapes(NamedTuple):
     value_dim: int
     dtype: torch.dtype
     windows: tuple[int | None, ...]
+    kv_dtype: str | None = None
+
+    @property
+    def stored(self) -> torch.dtype:
+        """The torch dtype rows store keys and values in."""
+        return storage_dtype(self.kv_dtype) or self.dtype
 
     def kv_bytes(self, slots: int) -> int:
-        """Bytes of keys and values a row of ``slots`` holds (a windowed layer ``min(window, slots)``):
-        what the batcher's check counts and a result stores (:mod:`snapeval.configs.footprint`)."""
-        per_slot = slot_bytes(self.kv_heads, self.key_dim, self.value_dim, self.dtype.itemsize)
+        """Bytes of keys and values a row of ``slots`` holds (a windowed layer ``min(window, slots)``), as
+        stored: what the batcher's check counts and a result stores (:mod:`snapeval.configs.footprint`)."""
+        element = kv_element_bytes(self.kv_dtype, self.dtype.itemsize)
+        per_slot = slot_bytes(self.kv_heads, self.key_dim, self.value_dim, element)
         return row_slots(slots, self.windows) * per_slot
 
 

@@ -117,7 +117,7 @@ class SnapStreamLM(LM):
 
     @functools.cached_property
     def batcher(self) -> ContinuousBatcher:
-        return ContinuousBatcher(self.model, self.batch_size, self.compile)
+        return ContinuousBatcher(self.model, self.batch_size, self.compile, kv_dtype=self.setting.kv_dtype)
 
     # --- lm-eval's chat-template hooks ------------------------------------------------------------
     @property

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from snapeval.configs.fields import Checked, boolean, choice, json_object, number, odd, setting, slots
+from snapeval.configs.footprint import KV_STORAGE
 from snapeval.errors import SnapevalError
 
 FULL = "full"
@@ -32,7 +33,7 @@ SELF_DRAFT = "self"
 """The speculative prefill draft that is the target model itself."""
 
 
-KV_DTYPES = ("fp8_e4m3",)
+KV_DTYPES = tuple(KV_STORAGE)
 """What ``cache.kv_dtype`` stores keys and values in, besides the model's own dtype (null)."""
 DEPLOYMENT = ("prefill_chunk", "kv_dtype")
 """The fields every method takes that describe how it is deployed, not what it keeps."""

@@ -1,5 +1,7 @@
 """What a row holds, in one place: the slots of each layer (:func:`layer_slots`, summed over a model's
-layers by :func:`row_slots`) and the bytes of one slot (:func:`slot_bytes`).
+layers by :func:`row_slots`), the bytes of one slot (:func:`slot_bytes`) and of one element by dtype name
+(:data:`ELEMENT_BYTES`), and what ``cache.kv_dtype`` stores keys and values in (:data:`KV_STORAGE`,
+:func:`kv_element_bytes`).
 
 A row is one sequence's cache: a single-sequence cache's layer, a slot row of continuous batching, or the
 memory estimator's sequence. It holds ``slots`` tokens in every full layer, the number its method says
@@ -22,6 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp8_e4m3": 1, "int8": 1}
+"""Bytes of one element of each dtype by name: the memory estimator's ``kv_dtype`` and ``weights_dtype``,
+and every ``cache.kv_dtype``."""
+KV_STORAGE = {"fp8_e4m3": "float8_e4m3fn"}
+"""Each ``cache.kv_dtype`` and the torch dtype (its name in torch) the engine stores keys and values in
+(null, not listed: the model's own dtype)."""
+
 
 def layer_slots(window: int | None, slots: int | None) -> int | None:
     """Slots one layer holds of a row of ``slots`` (None: a layer that grows): all of them on a full layer
@@ -42,3 +51,9 @@ def slot_bytes(heads: int, key_dim: int, value_dim: int, element_bytes: int) -> 
     """Bytes of one slot of one layer: ``heads`` KV heads of a ``key_dim`` key and a ``value_dim`` value,
     ``element_bytes`` each."""
     return heads * (key_dim + value_dim) * element_bytes
+
+
+def kv_element_bytes(kv_dtype: str | None, model_bytes: int) -> int:
+    """Bytes of one stored key or value element under ``cache.kv_dtype`` (None: the model's own,
+    ``model_bytes``)."""
+    return model_bytes if kv_dtype is None else ELEMENT_BYTES[kv_dtype]

@@ -85,6 +85,11 @@ class CacheSetting:
         draft = dict(self.params).get("draft")
         return None if draft in (None, SELF_DRAFT) else str(draft)
 
+    @property
+    def kv_dtype(self) -> str | None:
+        """What this setting stores keys and values in (``cache.kv_dtype``; None: the model's dtype)."""
+        return dict(self.params).get("kv_dtype")
+
 
 def effective_params(node: Mapping[str, Any]) -> dict[str, Any]:
     """What a ``cache`` node stands for, as results store it (:attr:`CacheSetting.stored`): two nodes that

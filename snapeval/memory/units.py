@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import re
 
+from snapeval.configs.footprint import ELEMENT_BYTES as DTYPE_BYTES  # one table, the engine's too
 from snapeval.errors import SnapevalError
-
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
 _SIZE_UNITS = {
     "B": 1,

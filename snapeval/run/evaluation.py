@@ -59,6 +59,16 @@ def full_cache_digest(config: Mapping[str, Any]) -> str:
     return config_hash({**config, "cache": CacheSetting.of({"method": FULL}).stored})
 
 
+def by_kv_dtype(groups: list[list[Point]]) -> dict[str | None, list[list[Point]]]:
+    """``groups`` split by their points' ``cache.kv_dtype``, the model's dtype first (its full cache is
+    the others' reference)."""
+    split: dict[str | None, list[list[Point]]] = defaultdict(list)
+    for group in groups:
+        for kv_dtype in dict.fromkeys(point.setting.kv_dtype for point in group):
+            split[kv_dtype].append([point for point in group if point.setting.kv_dtype == kv_dtype])
+    return dict(sorted(split.items(), key=lambda item: item[0] is not None))
+
+
 @dataclass
 class Loaded:
     """A model's tokenizer and weights (the snapeval attention installed), each loaded at first use and then
@@ -133,16 +143,19 @@ class Evaluation:
                                 "model.backend",
                             )
                 return
-            most = max(sum(prompt.id in p.todo for prompt in prompts for p in group) for group in groups)
-            batcher = self.batcher(most)
-            for group in groups:
-                self.run_group(batcher, group, prompts, lease_s, between_steps)
+            for kv_dtype, split in by_kv_dtype(groups).items():  # the rows of one batcher store one dtype
+                most = max(sum(prompt.id in p.todo for prompt in prompts for p in group) for group in split)
+                batcher = self.batcher(most, kv_dtype)
+                for group in split:
+                    self.run_group(batcher, group, prompts, lease_s, between_steps)
 
-    def batcher(self, most: int) -> Answerer:
-        """snapeval's batcher, in as many rows as the requests need (at most ``most``)."""
+    def batcher(self, most: int, kv_dtype: str | None = None) -> Answerer:
+        """snapeval's batcher, in as many rows as the requests need (at most ``most``), storing keys and
+        values in ``kv_dtype`` (``cache.kv_dtype``)."""
         run = self.cfg["run"]
         rows = usable_rows(run["batch_size"], most)  # rows beyond the requests stay idle
-        return ContinuousBatcher(self.model, rows, run["compile"], decode_attention=run["decode_attention"])
+        options = {"decode_attention": run["decode_attention"], "kv_dtype": kv_dtype}
+        return ContinuousBatcher(self.model, rows, run["compile"], **options)
 
     @contextmanager
     def engine(self, point: Point) -> Iterator[Answerer]:

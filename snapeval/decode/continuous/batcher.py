@@ -42,7 +42,8 @@ class ContinuousBatcher:
     ``compile``: auto | off | on | graphs (see :func:`~snapeval.decode.continuous.compiled.step_mode`).
     ``refill`` false waits until every row has stopped before admitting new requests: static batches at
     the same fixed shape (for comparison). ``decode_attention``: auto | grouped | split (see
-    :func:`~snapeval.decode.continuous.compiled.splits_decode`).
+    :func:`~snapeval.decode.continuous.compiled.splits_decode`). ``kv_dtype``: the ``cache.kv_dtype`` its
+    rows store keys and values in (None: the model's dtype); a request of another is refused.
     """
 
     def __init__(
@@ -52,10 +53,11 @@ class ContinuousBatcher:
         compile: str = "off",
         refill: bool = True,
         decode_attention: str = "auto",
+        kv_dtype: str | None = None,
     ) -> None:
         if not isinstance(rows, int) or rows <= 0:
             raise SnapevalError(f"must be a positive integer, got {rows!r}", "run.batch_size")
-        self.model, self.rows, self.refill = model, rows, refill
+        self.model, self.rows, self.refill, self.kv_dtype = model, rows, refill, kv_dtype
         self.mode = step_mode(compile, model.device)
         check_decode_attention(decode_attention)
         self.decode_attention = decode_attention
@@ -117,11 +119,19 @@ class ContinuousBatcher:
         needs = [request.slots_needed for request in requests]
         if self.slots is None or self.slots.capacity < max(needs):
             plan = plan_classes(needs, self.rows)
-            shapes = cached_shapes(self.model)  # one probing forward for the check and the rows
+            shapes = cached_shapes(self.model)._replace(kv_dtype=self.kv_dtype)  # one probing forward
             check_rows_fit(plan, shapes, self.model.device)
             split = splits_decode(self.decode_attention, self.model.device, self.rows * shapes.kv_heads)
             self.slots = RowClasses.for_model(self.model, plan, shapes, split)
             pin_for_cuda_graphs(self.slots.tensors())
+
+
+def check_kv_dtype(request: Request, kv_dtype: str | None) -> None:
+    """Refuse, in one line, a request whose ``cache.kv_dtype`` is not ``kv_dtype``, the rows' (one slot
+    cache stores one dtype)."""
+    if request.cache.kv_dtype != kv_dtype:
+        asked, rows = (dtype or "the model's dtype" for dtype in (request.cache.kv_dtype, kv_dtype))
+        raise SnapevalError(f"a request stores {asked}, these rows {rows}: a batcher each", "cache.kv_dtype")
 
 
 class _Run:
@@ -247,6 +257,7 @@ class _Run:
         batcher = self.batcher
         needs = [request.slots_needed for request in added]
         for request in added:
+            check_kv_dtype(request, batcher.kv_dtype)
             self.shares[request.prefill_key()] += 1
             self.sampling.note(request.sampling)
             batcher.slots.admit(request.engine, len(request.prompt_ids))

@@ -158,7 +158,7 @@ class RowClasses(AttendedCache):
             DecodePart(
                 rows,
                 part.keys_to_attend(layer_idx),
-                part.values[layer_idx],
+                part.values_to_attend(layer_idx),
                 part.attention_mask(layer_idx, heads, call.window),
             )
             for rows, part in self._rows_of_parts()
