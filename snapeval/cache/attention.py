@@ -11,8 +11,8 @@ traces it as plain arguments. When that cache is an :class:`~snapeval.cache.atte
 class of rows), the attention function registered here as ``"snapeval"``
 
 * at prefill (a :class:`~snapeval.cache.base.SnapevalCache` awaiting it), runs the model's base
-  attention with the model's causal/padding (and sliding-window) mask, and afterwards gives the cache the
-  layer's post-RoPE queries so it can score and compress that layer;
+  attention with the model's causal/padding (and sliding-window) mask (a later chunk of a chunked prefill:
+  its cache's mask), and afterwards gives the cache the layer's post-RoPE queries so it can compress it;
 * at decode, replaces the model's mask by the cache's own, in the order the
   :class:`~snapeval.cache.attended.AttendedCache` declares: which slots are valid, causally visible and,
   on a layer with a sliding window, inside it (:func:`snapeval.cache.ring.visible_slots`), per part of
@@ -110,10 +110,14 @@ def snapeval_attention(
         return base(module, query, key, value, attention_mask, **kwargs)
     cache.note_attended(layer_idx)  # the engine is in the loop: see check_engine_in_loop
     if prefilling:
-        output = base(module, query, key, value, attention_mask, **kwargs)
+        chunk = cache.chunk_mask(layer_idx, query.shape[2], query.shape[1], kwargs.get("sliding_window"))
+        if chunk is None:
+            output = base(module, query, key, value, attention_mask, **kwargs)
+        else:  # a later chunk of a chunked prefill: over the held slots and itself, by their columns
+            output = (_decode_attention(module, base, None, query, key, value, chunk[0], kwargs), None)
         vars(module)[LAYER_WINDOW] = kwargs.get("sliding_window")  # for scores that see what it sees
         scaling = kwargs.get("scaling") or module.scaling
-        valid = _valid_columns(attention_mask, key)
+        valid = _valid_columns(attention_mask, key) if chunk is None else chunk[1]
         cache.finish_prefill(layer_idx, query, valid, scaling, module, inputs)
         return output
     split = cache.split_decode  # the batcher's rows on a GPU: split-KV attention

@@ -30,6 +30,8 @@ class SnapevalCache(CacheMethod, Cache, AttendedCache):
 
     unattended: int | None = None
     """The layer whose keys this cache took last and whose attention has not yet taken the cache."""
+    prefill_length: int | None = None
+    """The length of the prompt whose prefill comes in chunks (:meth:`prefill_spans`); None: in one call."""
 
     def __init__(self, **params: Any) -> None:
         self.take_params(params)
@@ -55,6 +57,29 @@ class SnapevalCache(CacheMethod, Cache, AttendedCache):
         if self.unattended is not None:
             raise engine_bypassed(self.unattended)
 
+    def prefill_spans(self, length: int) -> list[tuple[int, int]]:
+        """The spans of a prompt of ``length`` tokens that its prefill feeds, one model call each: chunks
+        of ``prefill_chunk`` tokens from its start (the last one the rest), or the whole prompt at once.
+        After each chunk the method selects from what the layer holds and the chunk (the chunk's queries
+        score them); after the last, its layout is made as after a whole prefill."""
+        chunk = self.prefill_chunk
+        self.prefill_length = length if chunk is not None and chunk < length else None
+        if self.prefill_length is None:
+            return [(0, length)]
+        return [(start, min(start + chunk, length)) for start in range(0, length, chunk)]
+
+    def chunk_mask(
+        self, layer_idx: int, query_length: int, num_heads: int, window: int | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+        """For a chunk after the first of a chunked prefill: the (batch, num_heads, q, slots) mask of its
+        queries over the held slots and itself, from their columns (None: all visible,
+        :meth:`KVLayer.attention_mask`), and (batch, slots) which slots are real; None before its first
+        chunk or for a prefill in one call (the model's own mask serves)."""
+        layer = self.layers[layer_idx]
+        if not layer.chunked:
+            return None
+        return layer.attention_mask(query_length, num_heads, window), layer.positions[:, 0] >= 0
+
     def awaiting_prefill(self, layer_idx: int) -> bool:
         return not self.layers[layer_idx].prefilled
 
@@ -63,10 +88,12 @@ class SnapevalCache(CacheMethod, Cache, AttendedCache):
         self.keep_prompt(self.layers[layer_idx], self.layer_prompt(layer_idx, *args, **kwargs))
 
     def keep_prompt(self, layer: KVLayer, prompt: LayerPrompt) -> None:
-        """Compress ``layer``'s prefilled ``prompt`` to this method's selection, and note how the method
-        re-selects it while decoding, if it does."""
-        layer.keep(prompt.valid, self.select(prompt), prompt.sliding_window, storage_dtype(self.kv_dtype))
-        layer.eviction = self.decode_eviction(prompt.length)
+        """Compress ``layer``'s prefilled ``prompt`` (or a chunk's: the held slots and the chunk) to this
+        method's selection, and note how the method re-selects it while decoding, if it does."""
+        final = self.prefill_length is None or layer.seen >= self.prefill_length
+        stored = storage_dtype(self.kv_dtype)
+        layer.keep(prompt.valid, self.select(prompt), prompt.sliding_window, stored, final)
+        layer.eviction = self.decode_eviction(prompt.whole_length)
 
     def layer_prompt(
         self,
@@ -77,10 +104,20 @@ class SnapevalCache(CacheMethod, Cache, AttendedCache):
         module: torch.nn.Module | None = None,
         inputs: Mapping[str, Any] | None = None,
     ) -> LayerPrompt:
-        """Layer ``layer_idx``'s prompt as its prefill left it, for :meth:`select`."""
+        """Layer ``layer_idx``'s prompt as its prefill left it (a chunked prefill's: the held slots and
+        the chunk, with their columns and the whole prompt's length), for :meth:`select`."""
         layer = self.layers[layer_idx]
+        chunked = self.prefill_length is not None
         return LayerPrompt(
-            layer.keys, query, valid, scaling, values=layer.values, module=module, inputs=inputs or {}
+            layer.keys,
+            query,
+            valid,
+            scaling,
+            values=layer.values,
+            module=module,
+            inputs=inputs or {},
+            positions=layer.positions if chunked else None,
+            prompt_length=self.prefill_length,
         )
 
     def fill_layer(self, layer_idx: int, prompt: LayerPrompt, values: torch.Tensor) -> None:
@@ -189,7 +226,7 @@ class SnapevalCache(CacheMethod, Cache, AttendedCache):
         """Drop every layer held (the rows it was copied into hold their copies): the cache is empty again,
         its method's parameters kept."""
         self.layers.clear()
-        self.unattended = None
+        self.unattended = self.prefill_length = None
 
 
 def _step_input(hidden: torch.Tensor | None) -> torch.Tensor | None:

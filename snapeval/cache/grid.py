@@ -35,8 +35,9 @@ class CacheGrid(SnapevalCache):
         if not members:
             raise SnapevalError("a cache grid needs at least one member cache", "grid")
         self.wants_layer_inputs = any(member.wants_layer_inputs for member in members)
-        if any(member.selects_before_prefill for member in members):
-            raise SnapevalError("a method that chooses what to prefill cannot share a prefill", "grid")
+        if any(member.prefills_alone for member in members):
+            message = "a method that chooses what to prefill, or prefills in chunks, cannot share a prefill"
+            raise SnapevalError(message, "grid")
         super().__init__()
         self.members = list(members)
 

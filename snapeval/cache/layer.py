@@ -8,7 +8,10 @@ kept (``kept_positions``), and can be checked against a reference.
 A layer is filled in one prefill, compressed right after that prefill's attention (see
 :mod:`snapeval.cache.attention`), and then either grows by appending (``capacity=None``) or is a
 fixed-capacity buffer, allocated once, whose slots after the ``pinned`` ones form a ring: a new token takes
-the next ring slot, and once the ring is full it overwrites the oldest token there.
+the next ring slot, and once the ring is full it overwrites the oldest token there. A chunked prefill
+(``cache.prefill_chunk``) fills it chunk by chunk: after each chunk but the last it holds the slots its
+method selected, in column order (``chunked``), and the next chunk attends to them and itself under the
+mask of their columns; the method's layout is made after the last.
 
 A layer with a sliding window (Mistral, Phi-3, Gemma 2/3 local layers, GPT-OSS) holds exactly its window:
 ``min(window, the method's slots)`` slots, all a ring (:mod:`snapeval.cache.ring`). The method selects from
@@ -52,8 +55,9 @@ def storage_dtype(kv_dtype: str | None) -> torch.dtype | None:
 
 def to_storage(states: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``states`` as stored in ``dtype``: as they are in their own dtype, else saturated to ``dtype``'s
-    finite range (FP8 E4M3: +-448; torch's plain cast would make NaN of what lies beyond) and cast, a
-    per-tensor scale of 1.0. Tensor operations only (a compiled step calls it)."""
+    finite range (FP8 E4M3: +-448; torch's own cast saturates only from torch 2.12 on, before it made NaN
+    of what lies beyond) and cast, a per-tensor scale of 1.0. Tensor operations only (a compiled step
+    calls it)."""
     if states.dtype == dtype:
         return states
     largest = torch.finfo(dtype).max
@@ -91,6 +95,7 @@ class KVLayer(CacheLayerMixin):
         self.held = 0  # slots the method holds (on a full layer): its capacity, or what it kept and appended
         self.stored: torch.dtype | None = None  # what its kept keys and values are stored in, once kept
         self.prefilled = False
+        self.chunked = False  # holds the selection of a prompt's first chunks; more chunks come
         self._dense = False
         self._attended: torch.Tensor | None = None  # positions of the keys the last update returned
         self.eviction: Eviction | None = None  # how the method re-selects while decoding, if it does
@@ -123,7 +128,7 @@ class KVLayer(CacheLayerMixin):
                     "cache",
                 )
             self.filled += length
-        if not self.prefilled:
+        if not self.prefilled and not self.chunked:
             if self.keys is not None:
                 raise SnapevalError("a snapeval cache takes its prompt in one prefill call")
             self.keys, self.values, self.positions = key_states, value_states, columns
@@ -164,13 +169,22 @@ class KVLayer(CacheLayerMixin):
         selection: Selection,
         window: int | None = None,
         stored: torch.dtype | None = None,
+        final: bool = True,
     ) -> None:
         """Compress the prefilled prompt to ``selection``; padding columns (``~valid``) become EMPTY. A
         layer with a sliding ``window`` keeps the selected columns still inside it, in a ring of
         ``min(window, the method's slots)`` slots (:func:`~snapeval.cache.ring.window_ring`). What it
-        keeps is stored in ``stored`` (:func:`to_storage`; None: the model's dtype)."""
+        keeps is stored in ``stored`` (:func:`to_storage`; None: the model's dtype).
+
+        Before the ``final`` chunk of a chunked prefill the layer holds the selected slots in column order,
+        read back as stored, and grows by the next chunk (its method's layout comes after the last)."""
         prompt = (self.keys, self.values, self.positions.masked_fill(~valid[:, None, :], EMPTY))
         self.stored = stored or self.dtype
+        self.chunked = not final
+        if not final:
+            keys, values, self.positions = _gather(*prompt, _in_order(_selected_slots(selection, prompt[2])))
+            self.keys, self.values = (to_storage(s, self.stored).to(self.dtype) for s in (keys, values))
+            return
         kept = prompt if selection.pinned is None else _gather(*prompt, selection.pinned)
         self.prefilled = True
         self.window = window
@@ -178,8 +192,8 @@ class KVLayer(CacheLayerMixin):
         self.held = selection.capacity or kept[0].shape[2]
         self.capacity = layer_slots(window, selection.capacity)
         if window is not None:
-            columns = kept[2] if selection.ring is None else torch.cat([kept[2], selection.ring], dim=-1)
-            ring = window_ring(columns, self.seen, window, self.capacity)
+            slots = _selected_slots(selection, prompt[2])
+            ring = window_ring(slots, prompt[2], self.seen, window, self.capacity)
             self._hold(*_gather(*prompt, ring))
             return
         if self.capacity is None:
@@ -275,7 +289,7 @@ class KVLayer(CacheLayerMixin):
         positions = self.positions if self._attended is None else self._attended
         query_columns = torch.arange(self.seen - query_length, self.seen, device=positions.device)
         visible = visible_slots(positions, query_columns[None], window)
-        if query_length == 1 and window is None and bool(visible.all()):
+        if query_length == 1 and window is None and self.prefilled and bool(visible.all()):
             self._dense = True  # slots only ever fill up from here on
             return None
         return visible.repeat_interleave(num_heads // visible.shape[1], dim=1)
@@ -283,6 +297,8 @@ class KVLayer(CacheLayerMixin):
     def get_mask_sizes(self, query_length: int | torch.Tensor) -> tuple[int, int]:
         # transformers < 5.3 passes the query's cache positions, later versions its length
         length = query_length if isinstance(query_length, int) else query_length.shape[0]
+        if self.chunked:  # a chunk attends to the held slots and itself under the layer's own mask
+            return self.keys.shape[2] + length, 0
         return self.seen + length, 0
 
     def get_seq_length(self) -> int:
@@ -299,6 +315,21 @@ class KVLayer(CacheLayerMixin):
             return 0
         batch, heads, slots, key_dim = self.keys.shape
         return batch * slots * slot_bytes(heads, key_dim, self.values.shape[-1], self.keys.element_size())
+
+
+def _selected_slots(selection: Selection, positions: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, n) the prompt slots ``selection`` keeps (pinned, or all, then its ring's)."""
+    pinned = selection.pinned
+    if pinned is None:
+        pinned = torch.arange(positions.shape[-1], device=positions.device).expand_as(positions)
+    return pinned if selection.ring is None else torch.cat([pinned, selection.ring], dim=-1)
+
+
+def _in_order(slots: torch.Tensor) -> torch.Tensor:
+    """``slots`` ascending (a prompt's slots are in column order), EMPTY ones last."""
+    last = torch.iinfo(slots.dtype).max
+    ordered = slots.masked_fill(slots < 0, last).sort(dim=-1).values
+    return ordered.masked_fill(ordered == last, EMPTY)
 
 
 def _gather(keys, values, positions, columns):

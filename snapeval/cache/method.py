@@ -49,6 +49,13 @@ class LayerPrompt:
     ``prompt_length`` the columns before decoding began, and ``inputs`` the recent attention inputs
     (``hidden_states`` (batch, n, hidden), oldest first) and the last fed token's
     ``position_embeddings``.
+
+    In a chunked prefill (``cache.prefill_chunk``) each chunk's selection reads the held slots followed by
+    the chunk: ``keys``/``values`` the held slots in column order then the chunk's, ``positions`` their
+    columns, ``valid`` the held slots' and the chunk's, ``query`` the chunk's queries, and
+    ``prompt_length`` the whole prompt's length. Slot i of such a prompt stands where column i stands in a
+    whole one: the first slots are its first columns held, the last ones its last columns, and a
+    :class:`Selection` names slots.
     """
 
     keys: torch.Tensor
@@ -65,6 +72,12 @@ class LayerPrompt:
     @property
     def length(self) -> int:
         return self.keys.shape[2]
+
+    @property
+    def whole_length(self) -> int:
+        """The prompt's length in columns, what a ``ratio`` budget is a share of: its ``prompt_length``
+        where given (a chunk of a chunked prefill: the whole prompt's), else :attr:`length`."""
+        return self.prompt_length or self.length
 
     @property
     def sliding_window(self) -> int | None:
@@ -109,11 +122,22 @@ class CacheMethod(ABC):
     """What its layers store kept keys and values in (``cache.kv_dtype``; None: the model's dtype), a
     parameter of every declared method (:func:`~snapeval.cache.layer.storage_dtype`)."""
 
+    prefill_chunk: int | None = None
+    """Prompt tokens prefilled per model call (``cache.prefill_chunk``; None: the whole prompt in one), a
+    parameter of every declared method: each chunk after the first attends to what the cache holds and
+    the method selects again from that and the chunk (:class:`~snapeval.cache.base.SnapevalCache`)."""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         declaration = vars(cls).get("params_class")
         if declaration is not None and isinstance(vars(declaration).get("label"), str):
             cls.method, cls.label = declaration.__dataclass_fields__["method"].default, declaration.label
+
+    @property
+    def prefills_alone(self) -> bool:
+        """Whether this cache's prefill is its own, never shared with other settings: it chooses what to
+        prefill, or prefills in chunks (what it holds after the first differs by method)."""
+        return self.selects_before_prefill or self.prefill_chunk is not None
 
     def take_params(self, params: Mapping[str, Any]) -> None:
         """Check ``params`` against the declaration and keep each as an attribute of its name."""

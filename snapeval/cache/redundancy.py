@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from snapeval.cache.scoring import pool_scores
+from snapeval.cache.scoring import outside_window, pool_scores
 
 CHUNK_ENTRIES = 2**26  # similarity entries computed at once (about 9 bytes each at the peak), not S x S
 
@@ -34,13 +34,15 @@ def importance(
     scaling: float,
     valid: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(batch, kv_heads, S - w) importance of the keys before the window of the w = query.shape[2] queries.
 
     query: (batch, heads, w, d) the queries of the last w keys, oldest first, post-RoPE as ``keys``. The
     logits of each query head (times ``scaling``) are reduced by max over the query heads sharing a KV
     head; on a layer with a ``sliding_window`` a query sees only inside it (query i, key j:
-    i - sliding_window < j), and a query that sees no key before the window contributes zeros.
+    i - sliding_window < j; by the keys' input ``columns`` where given, :func:`outside_window`), and a
+    query that sees no key before the window contributes zeros.
     """
     batch, heads, window, dim = query.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
@@ -51,9 +53,8 @@ def importance(
     if valid is not None:
         logits = logits.masked_fill(~valid[:, None, None, : length - window], float("-inf"))
     if sliding_window is not None:
-        rows = torch.arange(length - window, length, device=keys.device)[:, None]
-        columns = torch.arange(length - window, device=keys.device)
-        logits = logits.masked_fill(columns <= rows - sliding_window, float("-inf"))
+        outside = outside_window(sliding_window, window, length, columns, keys.device)
+        logits = logits.masked_fill(outside[:, :, 0, :, : length - window], float("-inf"))
     probabilities = logits.softmax(dim=-1).nan_to_num(0.0)  # a query seeing no key: all -inf
     return pool_scores(probabilities.mean(dim=-2), kernel, "max")
 

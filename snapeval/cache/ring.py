@@ -50,15 +50,20 @@ def write_slots(buffers, slots: torch.Tensor, states, lead: tuple[torch.Tensor, 
         buffer.index_put_(index, state)
 
 
-def window_ring(kept: torch.Tensor, seen: int, window: int, capacity: int) -> torch.Tensor:
-    """(batch, heads, capacity) the columns a sliding-window layer's ring holds after its prompt, oldest
-    first and right-aligned (EMPTY before them), so the ring is full and its cursor at slot 0.
+def window_ring(
+    kept: torch.Tensor, columns: torch.Tensor, seen: int, window: int, capacity: int
+) -> torch.Tensor:
+    """(batch, heads, capacity) the prompt slots a sliding-window layer's ring holds after its prompt,
+    oldest first and right-aligned (EMPTY before them), so the ring is full and its cursor at slot 0.
 
-    ``kept``: (batch, heads, n) the columns a method kept (EMPTY: none); ``seen``: the prompt's length in
-    columns. A column stays if the next query (at column ``seen``) still sees it: ``seen - window < j``.
+    ``kept``: (batch, heads, n) the slots a method kept (EMPTY: none); ``columns``: (batch, heads, L) the
+    input column of every prompt slot, ascending (EMPTY: padding); ``seen``: the prompt's length in
+    columns. A slot stays if the next query (at column ``seen``) still sees its column j:
+    ``seen - window < j``.
     """
-    inside = kept.masked_fill(kept <= seen - window, EMPTY)
-    ordered = inside.sort(dim=-1).values  # EMPTY first, then the columns in order
+    column = columns.gather(-1, kept.clamp(min=0)).masked_fill(kept < 0, EMPTY)
+    inside = kept.masked_fill((column < 0) | (column <= seen - window), EMPTY)
+    ordered = inside.sort(dim=-1).values  # EMPTY first, then the slots in column order
     if ordered.shape[-1] < capacity:
         ordered = torch.nn.functional.pad(ordered, (capacity - ordered.shape[-1], 0), value=EMPTY)
     return ordered[..., ordered.shape[-1] - capacity :]

@@ -58,19 +58,26 @@ class RKVCache(SnapevalCache):
     def priority(self, prompt: LayerPrompt) -> torch.Tensor:
         """(batch, cache_heads, L) R-KV scores of a prompt's columns before its last ``window``, +inf for
         the window, -inf for padding. Importance and redundancy are kept in ``prompt.scores``, so that
-        the settings a grid selects from one prefill compute each once."""
+        the settings a grid selects from one prefill compute each once. A chunk of a chunked prefill
+        shorter than ``window`` scores with all its queries."""
         window, keys = self.window, prompt.scoring_keys()
         weight = prompt.scores.get(("rkv importance", window, self.kernel))
         if weight is None:
             queries = prompt.window_queries(window)
             weight = importance(
-                queries, keys, self.kernel, prompt.scaling, prompt.valid, prompt.sliding_window
+                queries,
+                keys,
+                self.kernel,
+                prompt.scaling,
+                prompt.valid,
+                prompt.sliding_window,
+                prompt.positions,
             )
             prompt.scores[("rkv importance", window, self.kernel)] = weight
         similar = prompt.scores.get(("rkv redundancy", self.threshold))
         if similar is None:
             similar = redundancy(keys, self.threshold, prompt.valid)
             prompt.scores[("rkv redundancy", self.threshold)] = similar
-        scores = mixed(weight, similar, self.mix_lambda)
+        scores = mixed(weight, similar, self.mix_lambda)[..., : prompt.length - window]
         forced = scores.new_full((*scores.shape[:2], window), float("inf"))
         return torch.cat([scores, forced], dim=-1).masked_fill(~prompt.valid[:, None], float("-inf"))

@@ -36,7 +36,7 @@ class SageKVCache(SnapevalCache):
         return resolve_budget(self.budget, self.ratio, prompt_length, self.sinks + self.recent + 1)
 
     def select(self, prompt: LayerPrompt) -> Selection:
-        capacity = resolve_budget(self.budget, self.ratio, prompt.length, self.sinks + self.recent + 1)
+        capacity = resolve_budget(self.budget, self.ratio, prompt.whole_length, self.sinks + self.recent + 1)
         if prompt.length <= capacity - self.recent:
             return Selection(capacity=capacity)
         batch, kv_heads, length, _ = prompt.keys.shape

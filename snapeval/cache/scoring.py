@@ -27,17 +27,19 @@ def window_attention(
     window: int,
     scaling: float,
     sliding_window: int | None = None,
+    columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(batch, heads, L) attention the last ``window`` queries pay to each key, summed over the window.
 
-    query: (batch, heads, n, d), the prompt's last n >= min(window, L) queries, and keys: (batch, kv_heads,
-    L, d), both post-RoPE (or both in MLA's latent space); valid: (batch, L). Computed in float32. Padding
-    queries of the window contribute nothing. On a layer with a ``sliding_window`` each query attends only
-    inside it, as the layer does (query i, key j: i - sliding_window < j).
+    query: (batch, heads, n, d), the queries of the last n keys (all n of them when n < window: a short
+    chunk of a chunked prefill), and keys: (batch, kv_heads, L, d), both post-RoPE (or both in MLA's latent
+    space); valid: (batch, L). Computed in float32. Padding queries of the window contribute nothing. On a
+    layer with a ``sliding_window`` each query attends only inside it, as the layer does (query i, key j:
+    i - sliding_window < j), by the keys' input ``columns`` where given (:func:`outside_window`).
     """
     batch, heads, _, dim = query.shape
     length = keys.shape[2]
-    window = min(window, length)
+    window = min(window, length, query.shape[2])
     # group the window queries by KV head, so the keys are never copied per query head
     grouped = (query[:, :, -window:].float() * scaling).reshape(batch, keys.shape[1], -1, dim)
     logits = (grouped @ keys.float().transpose(-1, -2)).view(batch, heads, window, length)
@@ -45,11 +47,22 @@ def window_attention(
     logits[..., -window:].masked_fill_(future, float("-inf"))  # only window columns can follow a query
     logits.masked_fill_(~valid[:, None, None, :], float("-inf"))
     if sliding_window is not None:
-        rows = torch.arange(length - window, length, device=keys.device)[:, None]
-        columns = torch.arange(length, device=keys.device)
-        logits.masked_fill_(columns <= rows - sliding_window, float("-inf"))
+        outside = outside_window(sliding_window, window, length, columns, keys.device)
+        logits.view(batch, keys.shape[1], -1, window, length).masked_fill_(outside, float("-inf"))
     probabilities = logits.softmax(dim=-1)
     return probabilities.masked_fill_(~valid[:, None, -window:, None], 0.0).sum(dim=2)
+
+
+def outside_window(
+    sliding_window: int, window: int, length: int, columns: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
+    """(batch or 1, kv_heads or 1, 1, window, L) bool: the keys outside the sliding window of each of the
+    queries of the last ``window`` of L keys (query i, key j: j <= i - sliding_window), by the keys' input
+    ``columns`` (batch, kv_heads, L) where given (the held slots and a chunk of a chunked prefill), else
+    by their index (a whole prompt)."""
+    if columns is None:
+        columns = torch.arange(length, device=device)[None, None]
+    return (columns[..., None, :] <= columns[..., -window:, None] - sliding_window)[:, :, None]
 
 
 def pool_scores(scores: torch.Tensor, kernel: int, pooling: str) -> torch.Tensor:
@@ -89,7 +102,7 @@ def prompt_window_attention(prompt: LayerPrompt, window: int) -> torch.Tensor:
     if attention is None:
         queries, keys = prompt.window_queries(window), prompt.scoring_keys()
         attention = window_attention(
-            queries, keys, prompt.valid, window, prompt.scaling, prompt.sliding_window
+            queries, keys, prompt.valid, window, prompt.scaling, prompt.sliding_window, prompt.positions
         )
         prompt.scores[("window", window)] = attention
     return attention

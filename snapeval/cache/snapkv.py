@@ -28,7 +28,7 @@ class SnapKVCache(SnapevalCache):
         return min(prompt_length, budget) + new_tokens
 
     def select(self, prompt: LayerPrompt) -> Selection:
-        budget = resolve_budget(self.budget, self.ratio, prompt.length, self.window + 1)
+        budget = resolve_budget(self.budget, self.ratio, prompt.whole_length, self.window + 1)
         if prompt.length <= budget:
             return Selection()
         priority = snapkv_priority(prompt, self.window, self.kernel, self.pooling, self.gqa_reduce)

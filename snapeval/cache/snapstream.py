@@ -53,7 +53,7 @@ class SnapStreamCache(SnapevalCache):
         return Eviction(keep=slots - self.reselect_every, slots=slots, queries=self.window)
 
     def select(self, prompt: LayerPrompt) -> Selection:
-        capacity = self.capacity(prompt.length)
+        capacity = self.capacity(prompt.whole_length)
         prompt_slots = capacity - self.ring
         if prompt.length <= prompt_slots:
             return Selection(capacity=capacity)

@@ -37,7 +37,7 @@ class StreamingLLMCache(SnapevalCache):
     def select(self, prompt: LayerPrompt) -> Selection:
         batch, kv_heads, length, _ = prompt.keys.shape
         valid = prompt.valid
-        capacity = resolve_budget(self.budget, self.ratio, length, self.sinks + 1)
+        capacity = resolve_budget(self.budget, self.ratio, prompt.whole_length, self.sinks + 1)
         sinks = first_valid_columns(valid, self.sinks)
         columns = torch.arange(length, device=valid.device, dtype=torch.float32).expand(batch, length)
         sink_priority = torch.where(sinks, 0.0, float("-inf"))

@@ -87,7 +87,8 @@ class Method(Checked):
     ``source``, the optional ``extra`` it needs (the dependency and the snapeval extra), and its name,
     ``method``; its own fields follow ``budget`` and ``ratio``, in the order results store them.
     ``prefill_chunk`` and ``kv_dtype`` describe the deployment every method runs in (chunked prefill, KV
-    stored in FP8); left null, they are not stored and a setting keeps its hash.
+    stored in FP8); left null, they are not stored and a setting keeps its hash. ``chunk_refusal`` says
+    why a method cannot prefill in chunks (``prefill_chunk`` refused), or None: it can.
     ``reserved`` names the fields whose slots the budget must exceed; such a method takes ``ratio`` instead
     of ``budget``, and sizes its cache as ``ceil(ratio * prompt length)`` (None: the method checks its
     budget itself, or takes none). :meth:`check_relations` checks its other relations between fields,
@@ -99,6 +100,7 @@ class Method(Checked):
     source: ClassVar[str] = "-"
     extra: ClassVar[str | None] = None
     reserved: ClassVar[tuple[str, ...] | None] = None
+    chunk_refusal: ClassVar[str | None] = None
     method: str
     budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
@@ -111,6 +113,9 @@ class Method(Checked):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.prefill_chunk is not None and self.chunk_refusal is not None:
+            message = f"{self.method} cannot prefill in chunks: {self.chunk_refusal}"
+            raise SnapevalError(message, "cache.prefill_chunk")
         self.check_relations()
         if self.reserved is not None:
             slots_reserved = sum(getattr(self, name) for name in self.reserved)
@@ -235,6 +240,7 @@ class SpeculativePrefill(Method):
     shape = "grows after prefill"
     source = "Liu et al. 2025, arXiv:2502.02789"
     reserved = ("window",)
+    chunk_refusal = "it chooses which prompt tokens to prefill from the whole prompt"
     method: str = "speculative_prefill"
     draft: str = setting(SELF_DRAFT, check=draft_name)
     window: int = setting(8, check=slots())
@@ -299,6 +305,7 @@ class Kvpress(Method):
     shape = "grows after prefill; `decoding`: fixed, re-selected"
     source = "NVIDIA kvpress (optional extra)"
     extra = "kvpress"
+    chunk_refusal = "a press scores a whole prompt's keys and attention inputs at once"
     method: str = "kvpress"
     budget: int | None = None
     ratio: float | None = ignored()

@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import Cache
 
 from snapeval.cache.attention import cache_keyword
+from snapeval.cache.base import SnapevalCache
 from snapeval.decode.sampling import Sampling, sample_one
 
 
@@ -50,16 +51,18 @@ def prompt_logits(
 def prefill_logits(model: PreTrainedModel, prompt_ids: Sequence[int], cache: Cache) -> torch.Tensor:
     """(1, vocab) logits of the last of ``prompt_ids``, prefilled in one call (a snapeval cache, or a
     :class:`~snapeval.cache.grid.CacheGrid` of several, compresses itself during that call; a cache may
-    first choose which prompt tokens to prefill, at their own positions)."""
-    ids, positions = (
-        cache.prefill_input(model, list(prompt_ids))
-        if hasattr(cache, "prefill_input")
-        else (prompt_ids, None)
-    )
-    prefix = torch.tensor([list(ids)], device=model.device)
-    extra = {} if positions is None else {"position_ids": torch.tensor([positions], device=model.device)}
-    extra[cache_keyword(model)] = cache
-    return model(input_ids=prefix, use_cache=True, logits_to_keep=1, **extra).logits[0]
+    first choose which prompt tokens to prefill, at their own positions), or in the chunks a snapeval
+    cache's ``prefill_chunk`` asks for, one call each (:meth:`SnapevalCache.prefill_spans`)."""
+    snapeval = isinstance(cache, SnapevalCache)
+    ids, positions = cache.prefill_input(model, list(prompt_ids)) if snapeval else (prompt_ids, None)
+    spans = cache.prefill_spans(len(ids)) if snapeval else [(0, len(ids))]
+    for start, end in spans:
+        piece = torch.tensor([list(ids[start:end])], device=model.device)
+        extra = {cache_keyword(model): cache}
+        if positions is not None:
+            extra["position_ids"] = torch.tensor([positions[start:end]], device=model.device)
+        logits = model(input_ids=piece, use_cache=True, logits_to_keep=1, **extra).logits[0]
+    return logits
 
 
 def append_logits(model: PreTrainedModel, token_ids: Sequence[int], cache: Cache) -> torch.Tensor | None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from snapeval.cache import CacheSetting, SnapevalCache, build_cache, method_class
+from snapeval.cache import CacheSetting, SnapevalCache, build_cache
 from snapeval.decode.sampling import Sampling
 
 
@@ -34,12 +34,12 @@ class Request:
 
     def prefill_key(self) -> tuple:
         """Requests with equal keys share one prefill, whatever their cache settings (except a method
-        that chooses what to prefill: its prefill is its own)."""
+        that chooses what to prefill, or prefills in chunks: its prefill is its own)."""
         return self._prefill_key
 
     @cached_property
     def _prefill_key(self) -> tuple:
-        own = method_class(self.cache.method).selects_before_prefill
+        own = self.engine.prefills_alone
         return (self.prompt_ids, self.compress_at, self.setting if own else None)
 
     @cached_property
