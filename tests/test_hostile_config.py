@@ -90,8 +90,8 @@ CONFIG_ONLY = [  # decided by the config alone: refused before torch loads, in a
     (["cache=streaming_llm", HUGE_BUDGET], TOO_MANY_SLOTS),
     (
         ["task.kind=nope"],
-        "task.kind: must be one of niah_multikey, niah_multivalue, niah_single, passkey, variable_tracking, "
-        "got 'nope'",
+        "task.kind: must be one of niah_multikey, niah_multiturn, niah_multivalue, niah_single, passkey, "
+        "variable_tracking, vt_multiturn, got 'nope'",
     ),
     (
         ["task.context_length=16"],

@@ -85,8 +85,8 @@ def test_a_regular_wheel_carries_the_configs_and_task_definitions_apart_from_the
             sys.executable,
             "-c",
             "from snapeval.paths import CONF_DIR, LM_EVAL_TASKS_DIR\n"
-            "from snapeval.tasks import task_names\n"
-            "print(CONF_DIR, LM_EVAL_TASKS_DIR, len(task_names()))",
+            "from snapeval.tasks.lm_eval_export import exported_names\n"
+            "print(CONF_DIR, LM_EVAL_TASKS_DIR, len(exported_names()))",
         ],
         capture_output=True,
         text=True,

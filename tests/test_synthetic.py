@@ -38,7 +38,15 @@ def needles(prompt: str) -> list[tuple[str, str]]:
 
 
 def test_kinds_and_their_score_modes():
-    assert KINDS == ("passkey", "niah_single", "niah_multikey", "niah_multivalue", "variable_tracking")
+    assert KINDS == (
+        "passkey",
+        "niah_single",
+        "niah_multikey",
+        "niah_multivalue",
+        "variable_tracking",
+        "niah_multiturn",
+        "vt_multiturn",
+    )
     assert set(SCORE_MODES) == set(KINDS)
     assert set(SCORE_MODES.values()) <= {"all", "part"}
 

@@ -38,7 +38,14 @@ CODE_EXTRACTIONS = ("official", "lenient")
 CHOICES = "choices"
 """The key of a field's metadata that holds an option's choices (:func:`option`)."""
 TRUNCATION = choice("error", "middle")
-COMPRESSION = choice("query_aware", "query_agnostic")
+COMPRESSION_MODES = ("query_aware", "query_agnostic")
+COMPRESSION = choice(*COMPRESSION_MODES)
+MAX_TURNS = 16
+"""The most questions a multi-turn task asks of one context (``task.turns``)."""
+MULTI_TURN = "_multiturn"
+"""How the name of a multi-turn RULER kind ends (``niah_multiturn``): the kinds that take ``turns``."""
+SCBENCH_SUBSETS = ("scbench_kv", "scbench_prefix_suffix", "scbench_vt", "scbench_qa_eng", "scbench_many_shot")
+"""The SCBench subsets whose answers are strings a correct answer contains (snapeval/tasks/scbench.py)."""
 
 
 @dataclass
@@ -72,6 +79,13 @@ def ruler_kind(value: Any) -> str | None:
     return choice(*kinds)(value)
 
 
+def turn_count(value: Any) -> str | None:
+    """A number of turns, in [1, :data:`MAX_TURNS`] (null: a one-turn kind's)."""
+    if value is None or integer(high=MAX_TURNS)(value) is None:
+        return None
+    return f"an integer in [1, {MAX_TURNS}]"
+
+
 @dataclass
 class RulerTask(TaskConfig):
     """RULER-style prompts generated from the seed at ``context_length`` tokens (snapeval/tasks/ruler.py)."""
@@ -82,6 +96,18 @@ class RulerTask(TaskConfig):
     num_prompts: int = setting(
         10, check=integer(), hashed=False, help="prompts generated (prompt i is the same for any count)"
     )
+    turns: int | None = setting(
+        None,
+        check=turn_count,
+        when_set=True,
+        help=f"questions asked of one context, one a turn (the *{MULTI_TURN} kinds)",
+    )
+    compression: str | None = setting(
+        None,
+        check=choice(*COMPRESSION_MODES, optional=True),
+        when_set=True,
+        help="query_agnostic: the (first) question after compression",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -91,6 +117,12 @@ class RulerTask(TaskConfig):
                 f"alone take more than {MIN_RULER_CONTEXT} tokens",
                 self.field_path("context_length"),
             )
+        if self.kind.endswith(MULTI_TURN) and self.turns is None:
+            message = f"kind {self.kind} asks several questions: give an integer in [1, {MAX_TURNS}]"
+            raise SnapevalError(message, self.field_path("turns"))
+        if not self.kind.endswith(MULTI_TURN) and self.turns is not None:
+            message = f"kind {self.kind} asks one question; only the *{MULTI_TURN} kinds take turns"
+            raise SnapevalError(message, self.field_path("turns"))
 
 
 @dataclass
@@ -166,6 +198,31 @@ class LiveCodeBenchTask(FileTask):
     stop: list[str] = setting([], help="strings that end an answer")
     sandbox: dict[str, Any] = setting({}, help="SandboxLimits fields for the graded programs")
     metadata: CodeMetadata = setting(CodeMetadata)
+
+
+@dataclass
+class ScbenchMetadata(Checked):
+    """Which SCBench subset, and where its rows come from."""
+
+    path = "task.metadata"
+
+    data_path: str | None = setting(None, check=optional_text, help="a local file instead of the Hub")
+    subset: str = option(SCBENCH_SUBSETS, help="the SCBench subset (its Hub file data/<subset>.jsonl)")
+
+
+@dataclass
+class ScbenchTask(FileTask):
+    """SCBench's multi-turn subsets: the questions of each row asked of its one context, turn by turn
+    (snapeval/tasks/scbench.py)."""
+
+    module = "scbench"
+    metadata: ScbenchMetadata = setting(ScbenchMetadata)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.compression != COMPRESSION_MODES[0]:
+            message = "SCBench's questions have no fixed start to split the prompt at: only query_aware"
+            raise SnapevalError(message, self.field_path("compression"))
 
 
 def _descendants(schema: type[TaskConfig]) -> Iterator[type[TaskConfig]]:

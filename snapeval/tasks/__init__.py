@@ -8,6 +8,8 @@ task config (``task=``)  module                                 what it is
 ``longbench_v2_cot``                                            two-pass CoT)
 ``livecodebench``        :mod:`snapeval.tasks.livecodebench`    LiveCodeBench code generation, sandboxed
 ``ruler_<kind>``         :mod:`snapeval.tasks.ruler`            offline RULER-style needles in haystacks
+                                                                (``*_multiturn``: one asked a turn)
+``scbench``              :mod:`snapeval.tasks.scbench`          SCBench's multi-turn subsets
 =======================  =====================================  ======================================
 
 A task config ``conf/task/<name>.yaml`` is served by the module of this package whose name is ``<name>``

@@ -4,7 +4,8 @@ Each definition names the task's generation length and stop strings (``max_new_t
 ``conf/task/<task>.yaml``), metrics and system message (its :class:`~snapeval.tasks.base.Task` class),
 and delegates everything else to ``tasks/utils.py``, which builds the same task from the registry. So a
 setting lives in one place, and ``lm_eval --tasks snapeval_<task>`` (the start-up hook indexes them) scores as
-``python -m snapeval task=<task>`` does. Regenerate after changing a task or its config::
+``python -m snapeval task=<task>`` does. A multi-turn task (``Task.multi_turn``) has none: lm-eval asks one
+question a document, and its later turns would go unasked. Regenerate after changing a task or its config::
 
     python -m snapeval.tasks.lm_eval_export            # write
     python -m snapeval.tasks.lm_eval_export --check    # exit 1 if a definition is stale (CI)
@@ -65,11 +66,16 @@ def definition(name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def exported_names() -> list[str]:
+    """The task configs that have an lm-eval definition: every one but the multi-turn tasks'."""
+    return [name for name in task_names() if not task_class(name).multi_turn]
+
+
 def stale(directory: Path = LM_EVAL_TASKS_DIR) -> list[str]:
     """Definitions under ``directory`` that differ from the generated ones (or are missing)."""
     return [
         name
-        for name in task_names()
+        for name in exported_names()
         if not (path := directory / f"snapeval_{name}.yaml").is_file() or path.read_text() != definition(name)
     ]
 
@@ -84,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             print(f"stale: {LM_EVAL_TASKS_DIR / f'snapeval_{name}.yaml'}", file=sys.stderr)
         return 1 if names else 0
-    for name in task_names():
+    names = exported_names()
+    for name in names:
         with write_atomically(LM_EVAL_TASKS_DIR / f"snapeval_{name}.yaml") as file:
             file.write(definition(name))
-    print(f"wrote {len(task_names())} definitions to {LM_EVAL_TASKS_DIR}")
+    print(f"wrote {len(names)} definitions to {LM_EVAL_TASKS_DIR}")
     return 0
 
 

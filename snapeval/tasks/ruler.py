@@ -1,6 +1,7 @@
 """Offline RULER-style synthetic long-context tasks: needles hidden in a haystack of a given token length.
 
-The kinds follow RULER (Hsieh et al., 2024), with its needle, question and answer templates:
+The kinds follow RULER (Hsieh et al., 2024), with its needle, question and answer templates
+(:mod:`snapeval.tasks.ruler_plans`):
 
 * ``passkey``: one needle in the repeated noise haystack ("The grass is green. ..."); RULER's niah_single_1.
 * ``niah_single``: one needle in a prose haystack; RULER's niah_single_2.
@@ -8,50 +9,53 @@ The kinds follow RULER (Hsieh et al., 2024), with its needle, question and answe
 * ``niah_multivalue``: four needles sharing one key, all values asked for; RULER's niah_multivalue.
 * ``variable_tracking``: a chain ``VAR A = 12345``, ``VAR B = VAR A``, ... in the noise haystack; the
   answer is every variable bound to the value; RULER's vt (without its in-context example).
+* ``niah_multiturn``: ``turns`` needles with different keys in prose, one key asked a turn, on one context.
+* ``vt_multiturn``: a chain of ``turns`` variables in noise, followed one step a turn: which variable is
+  assigned the value, then which is assigned the variable before.
 
-Keys are adjective-noun pairs, values 7-digit numbers. Prose comes from CPython's bundled documentation
-(:mod:`pydoc_data.topics`), so generation never touches the network. Everything is drawn from a seed,
-per sample, and the sample's needles do not depend on the length: the same seed and index hide the same
-needles at the same depth at every ``context_length``.
+Prose comes from CPython's bundled documentation (:mod:`pydoc_data.topics`), so generation never touches
+the network. Everything is drawn from a seed, per sample, and the sample's needles do not depend on the
+length: the same seed and index hide the same needles at the same depth at every ``context_length``.
 
 Lengths are measured on what the model is fed, the chat-templated prompt of :func:`encode_chat`: each
-prompt takes at most ``context_length`` tokens and falls short of it by a few tokens at most.
+prompt (the first turn's, for a multi-turn kind) takes at most ``context_length`` tokens and falls short
+of it by a few tokens at most.
 """
 
 from __future__ import annotations
 
-import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from random import Random
 from typing import TYPE_CHECKING, Any, Literal
 
+from snapeval.configs.task import MAX_TURNS
 from snapeval.errors import SnapevalError
 from snapeval.tasks.base import Task
-from snapeval.tasks.ruler_haystack import Haystack, HaystackSource, Needle, haystack, weave
+from snapeval.tasks.ruler_haystack import Haystack, HaystackSource, haystack, weave
+from snapeval.tasks.ruler_plans import (
+    MULTI_NEEDLES,
+    NIAH_QUESTION,
+    VT_HOPS,
+    VT_QUESTION,
+    VT_STEP_QUESTION,
+    Plan,
+    Turn,
+    niah_plan,
+    niah_turns_plan,
+    variable_tracking_plan,
+    vt_turns_plan,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 ScoreMode = Literal["all", "part"]
 
-NEEDLE = "One of the special magic numbers for {key} is: {value}."
-VT_HOPS = 4
 MAX_SAMPLES = 100_000  # samples a task generates (``num_prompts``, raised to ``limit``), all up front
-MULTI_NEEDLES = 4
-
-# fmt: off
-_ADJECTIVES = (
-    "amber", "brave", "calm", "clever", "crimson", "dusty", "eager", "gentle", "golden", "hollow",
-    "humble", "jolly", "lively", "mellow", "misty", "noble", "quiet", "rustic", "silent", "sturdy",
-)
-_NOUNS = (
-    "anchor", "badger", "beacon", "canyon", "castle", "comet", "falcon", "garden", "glacier", "harbor",
-    "kettle", "lantern", "meadow", "orchard", "otter", "pebble", "sparrow", "teapot", "violin", "willow",
-)
-# fmt: on
-KEYS = tuple(f"{adjective}-{noun}" for adjective in _ADJECTIVES for noun in _NOUNS)
+DEFAULT_TURNS = 4
+"""The questions a multi-turn kind asks when its config names none (a partial config, lm-eval's)."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,8 @@ class SyntheticSample:
 
     ``depth`` is the relative position (0 start, 1 end) in the haystack of the first needle that
     answers the question; ``metadata`` holds the query, every needle and its depth, the haystack
-    source, the kind's score mode and the prompt's measured token count.
+    source, the kind's score mode and the prompt's measured token count. ``followups``: the questions
+    of the later turns of a multi-turn kind, each with its targets.
     """
 
     id: str
@@ -70,92 +75,42 @@ class SyntheticSample:
     context_length: int
     depth: float
     metadata: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """A sample before its haystack: the framing text, the needles to hide and the expected answer."""
-
-    instruction: str
-    question: str
-    needles: tuple[Needle, ...]
-    targets: tuple[str, ...]
-    query: str
-
-    @property
-    def depth(self) -> float:
-        """Depth of the first needle that holds part of the answer."""
-        return min(n.depth for n in self.needles if any(target in n.text for target in self.targets))
+    followups: tuple[Turn, ...] = ()
 
 
 @dataclass(frozen=True)
 class _Kind:
-    plan: Callable[[Random], _Plan]
+    """A kind's plan (a multi-turn kind's takes the number of turns), haystack, score mode, and where its
+    (first) question starts."""
+
+    plan: Callable[..., Plan]
     haystack: HaystackSource
     score_mode: ScoreMode
-
-
-def _niah_plan(rng: Random, num_keys: int, num_values: int) -> _Plan:
-    """RULER's needle in a haystack: ``num_keys`` keys, ``num_values`` 7-digit values each, one key asked."""
-    keys = rng.sample(KEYS, num_keys)
-    values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), num_keys * num_values)]
-    values_by_key = {key: values[i * num_values : (i + 1) * num_values] for i, key in enumerate(keys)}
-    needles = tuple(
-        Needle(NEEDLE.format(key=key, value=value), rng.random())
-        for key, key_values in values_by_key.items()
-        for value in key_values
-    )
-    query = rng.choice(keys)
-    if num_values == 1:
-        instruction = "A special magic number is hidden within the following text. "
-        instruction += "Make sure to memorize it. I will quiz you about the number afterwards."
-        question = f"What is the special magic number for {query} mentioned in the provided text?\n"
-        question += f"The special magic number for {query} mentioned in the provided text is"
-    else:
-        instruction = "Some special magic numbers are hidden within the following text. "
-        instruction += "Make sure to memorize it. I will quiz you about the numbers afterwards."
-        question = f"What are all the special magic numbers for {query} mentioned in the provided text?\n"
-        question += f"The special magic numbers for {query} mentioned in the provided text are"
-    return _Plan(instruction, question, needles, tuple(values_by_key[query]), query)
-
-
-def _variable_names(rng: Random, count: int) -> list[str]:
-    """``count`` distinct 5-letter upper-case names."""
-    names: list[str] = []
-    while len(names) < count:
-        name = "".join(rng.choices(string.ascii_uppercase, k=5))
-        if name not in names:
-            names.append(name)
-    return names
-
-
-def _variable_tracking_plan(rng: Random, num_hops: int) -> _Plan:
-    """RULER's variable tracking: a chain of ``num_hops`` assignments from a 5-digit value, in text order."""
-    names = _variable_names(rng, num_hops + 1)
-    value = str(rng.randrange(10_000, 100_000))
-    statements = [f"VAR {names[0]} = {value}."]
-    statements += [f"VAR {name} = VAR {previous}." for previous, name in zip(names, names[1:], strict=False)]
-    depths = sorted(rng.random() for _ in statements)
-    instruction = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n"
-    question = f"Question: Find all variables that are assigned the value {value} in the text above.\n"
-    question += "Answer: According to the chain(s) of variable assignment in the text above, "
-    question += f"{len(names)} variables are assigned the value {value}, they are:"
-    needles = tuple(Needle(text, depth) for text, depth in zip(statements, depths, strict=True))
-    return _Plan(instruction, question, needles, tuple(names), value)
+    query_start: str
+    multi_turn: bool = False
 
 
 _KINDS: dict[str, _Kind] = {
-    "passkey": _Kind(partial(_niah_plan, num_keys=1, num_values=1), "noise", "all"),
-    "niah_single": _Kind(partial(_niah_plan, num_keys=1, num_values=1), "prose", "all"),
-    "niah_multikey": _Kind(partial(_niah_plan, num_keys=MULTI_NEEDLES, num_values=1), "prose", "all"),
-    "niah_multivalue": _Kind(partial(_niah_plan, num_keys=1, num_values=MULTI_NEEDLES), "prose", "all"),
-    "variable_tracking": _Kind(partial(_variable_tracking_plan, num_hops=VT_HOPS), "noise", "all"),
+    "passkey": _Kind(partial(niah_plan, num_keys=1, num_values=1), "noise", "all", NIAH_QUESTION),
+    "niah_single": _Kind(partial(niah_plan, num_keys=1, num_values=1), "prose", "all", NIAH_QUESTION),
+    "niah_multikey": _Kind(
+        partial(niah_plan, num_keys=MULTI_NEEDLES, num_values=1), "prose", "all", NIAH_QUESTION
+    ),
+    "niah_multivalue": _Kind(
+        partial(niah_plan, num_keys=1, num_values=MULTI_NEEDLES), "prose", "all", "What are all the"
+    ),
+    "variable_tracking": _Kind(
+        partial(variable_tracking_plan, num_hops=VT_HOPS), "noise", "all", VT_QUESTION
+    ),
+    "niah_multiturn": _Kind(niah_turns_plan, "prose", "all", NIAH_QUESTION, multi_turn=True),
+    "vt_multiturn": _Kind(vt_turns_plan, "noise", "all", VT_STEP_QUESTION, multi_turn=True),
 }
 KINDS = tuple(_KINDS)
+MULTI_TURN_KINDS = tuple(kind for kind, spec in _KINDS.items() if spec.multi_turn)
 SCORE_MODES: dict[str, ScoreMode] = {name: kind.score_mode for name, kind in _KINDS.items()}
 
 
-def _render(plan: _Plan, sentences: Sequence[str]) -> str:
+def _render(plan: Plan, sentences: Sequence[str]) -> str:
     return f"{plan.instruction}\n{weave(sentences, plan.needles)}\n{plan.question}"
 
 
@@ -173,8 +128,14 @@ def _check_kind(kind: str) -> None:
         )
 
 
+def query_start(kind: str) -> str:
+    """Where the (first) question of ``kind`` starts: a query-agnostic prompt is compressed before it."""
+    _check_kind(kind)
+    return _KINDS[kind].query_start
+
+
 def _fitted_prompt(
-    plan: _Plan, haystack: Haystack, start: int, tokenizer: PreTrainedTokenizerBase, context_length: int
+    plan: Plan, haystack: Haystack, start: int, tokenizer: PreTrainedTokenizerBase, context_length: int
 ) -> tuple[str, int]:
     """The prompt with as much haystack from ``start`` as fits ``context_length`` tokens, and its token count.
 
@@ -198,11 +159,11 @@ def _fitted_prompt(
 
 
 def _sample(
-    kind: str, tokenizer: PreTrainedTokenizerBase, context_length: int, seed: int, index: int
+    kind: str, tokenizer: PreTrainedTokenizerBase, context_length: int, seed: int, index: int, turns: int
 ) -> SyntheticSample:
     spec = _KINDS[kind]
     rng = Random(f"{kind}/{seed}/{index}")
-    plan = spec.plan(rng)
+    plan = spec.plan(rng, turns) if spec.multi_turn else spec.plan(rng)
     sentences = haystack(tokenizer, spec.haystack)
     start = rng.randrange(len(sentences.sentences))
     prompt, tokens = _fitted_prompt(plan, sentences, start, tokenizer, context_length)
@@ -222,20 +183,42 @@ def _sample(
         context_length=context_length,
         depth=plan.depth,
         metadata=metadata,
+        followups=plan.followups,
     )
 
 
+def _turns(kind: str, turns: int | None) -> int:
+    """The questions a sample of ``kind`` asks: ``turns`` (by default :data:`DEFAULT_TURNS`) for a
+    multi-turn kind, in [1, :data:`MAX_TURNS`]; one for any other kind, which takes no ``turns``."""
+    if not _KINDS[kind].multi_turn:
+        if turns is not None:
+            message = f"kind {kind} asks one question; only {', '.join(MULTI_TURN_KINDS)} take turns"
+            raise SnapevalError(message, "task.turns")
+        return 1
+    turns = DEFAULT_TURNS if turns is None else turns
+    if not isinstance(turns, int) or isinstance(turns, bool) or not 1 <= turns <= MAX_TURNS:
+        raise SnapevalError(f"must be an integer in [1, {MAX_TURNS}], got {turns!r}", "task.turns")
+    return turns
+
+
 def generate(
-    kind: str, tokenizer: PreTrainedTokenizerBase, context_length: int, num_samples: int, seed: int
+    kind: str,
+    tokenizer: PreTrainedTokenizerBase,
+    context_length: int,
+    num_samples: int,
+    seed: int,
+    turns: int | None = None,
 ) -> list[SyntheticSample]:
-    """``num_samples`` samples of ``kind``, each at most ``context_length`` chat-templated tokens.
+    """``num_samples`` samples of ``kind``, each at most ``context_length`` chat-templated tokens; a
+    multi-turn kind's ask ``turns`` questions each (:data:`DEFAULT_TURNS` when None).
 
     Deterministic in ``seed``: sample ``i`` is drawn from its own generator, seeded by kind, seed and ``i``.
     """
     _check_kind(kind)
+    asked = _turns(kind, turns)
     if num_samples <= 0:
         raise SnapevalError(f"must be positive, got {num_samples}", "task.num_prompts")
-    return [_sample(kind, tokenizer, context_length, seed, i) for i in range(num_samples)]
+    return [_sample(kind, tokenizer, context_length, seed, i, asked) for i in range(num_samples)]
 
 
 def score(prediction: str, targets: Sequence[str], mode: ScoreMode = "all") -> float:
@@ -252,7 +235,8 @@ def score(prediction: str, targets: Sequence[str], mode: ScoreMode = "all") -> f
 
 
 def to_docs(samples: Sequence[SyntheticSample]) -> list[dict[str, Any]]:
-    """Plain dicts for an lm-eval ``custom_dataset``: id, prompt, targets, kind, context_length, depth."""
+    """Plain dicts for an lm-eval ``custom_dataset``: id, prompt, targets, kind, context_length, depth; a
+    multi-turn sample's later questions (``followups``) and their targets (``followup_targets``) too."""
     return [
         {
             "id": s.id,
@@ -261,6 +245,14 @@ def to_docs(samples: Sequence[SyntheticSample]) -> list[dict[str, Any]]:
             "kind": s.kind,
             "context_length": s.context_length,
             "depth": s.depth,
+            **(
+                {
+                    "followups": [turn.question for turn in s.followups],
+                    "followup_targets": [list(turn.targets) for turn in s.followups],
+                }
+                if s.followups
+                else {}
+            ),
         }
         for s in samples
     ]
@@ -268,9 +260,11 @@ def to_docs(samples: Sequence[SyntheticSample]) -> list[dict[str, Any]]:
 
 class Ruler(Task):
     """The RULER-style tasks, one config per kind (``conf/task/ruler_<kind>.yaml``): ``kind``,
-    ``context_length`` (tokens of the chat-templated prompt), ``num_prompts`` (raised to ``run.limit``)."""
+    ``context_length`` (tokens of the chat-templated prompt), ``num_prompts`` (raised to ``run.limit``),
+    ``turns`` (a multi-turn kind's questions, carried by its rows); ``compression=query_agnostic``
+    compresses the prompt before its (first) question. This class serves the one-turn configs."""
 
-    names = tuple(f"ruler_{kind}" for kind in KINDS)
+    names = tuple(f"ruler_{kind}" for kind in KINDS if kind not in MULTI_TURN_KINDS)
     metrics = ("score",)
     reads_as_text = True  # each question ends with the answer's opening ("The pass key is")
     id_field = "id"
@@ -286,19 +280,48 @@ class Ruler(Task):
                 f"a generated task makes at most {MAX_SAMPLES:,}",
                 field,
             )
+        self.turns: int | None = self.config.get("turns")
+        if self.config.get("compression") == "query_agnostic":
+            self.query_start = query_start(self.config["kind"])
 
     def rows(self, tokenizer: PreTrainedTokenizerBase | None) -> list[dict[str, Any]]:
         cfg = self.config
-        return to_docs(generate(cfg["kind"], tokenizer, cfg["context_length"], self.num_samples, self.seed))
+        samples = generate(
+            cfg["kind"], tokenizer, cfg["context_length"], self.num_samples, self.seed, self.turns
+        )
+        return to_docs(samples)
 
     def user_text(self, row) -> str:
         return row["prompt"]
 
-    def target(self, row) -> list[str]:
-        return list(row["targets"])
+    def followups(self, row) -> tuple[str, ...]:
+        return tuple(row.get("followups", ()))
+
+    def target(self, row) -> list[str] | list[list[str]]:
+        """The first question's targets; for several turns, every turn's, in order."""
+        turns = _turn_targets(row)
+        return list(turns[0]) if len(turns) == 1 else [list(targets) for targets in turns]
 
     def prompt_metadata(self, row) -> dict[str, Any]:
         return {"depth": row["depth"], "kind": row["kind"]}
 
     def score_row(self, row, output: str) -> dict[str, float]:
-        return {"score": score(output, row["targets"], SCORE_MODES[row["kind"]])}
+        return self.score_turn(row, 0, output)
+
+    def score_turn(self, row, turn: int, output: str) -> dict[str, float]:
+        return {"score": score(output, _turn_targets(row)[turn], SCORE_MODES[row["kind"]])}
+
+
+class RulerTurns(Ruler):
+    """The multi-turn RULER-style tasks (``ruler_niah_multiturn``, ``ruler_vt_multiturn``): ``turns``
+    questions of one context, the first in the prompt, each later one a user turn after the answers
+    before it; each answer scored as RULER scores its question (``turn_1``, ``turn_2``, ... and their
+    mean, ``score``)."""
+
+    names = tuple(f"ruler_{kind}" for kind in MULTI_TURN_KINDS)
+    multi_turn = True
+
+
+def _turn_targets(row: Mapping[str, Any]) -> list[Sequence[str]]:
+    """The targets of each question of a row, the first's first."""
+    return [row["targets"], *row.get("followup_targets", ())]
