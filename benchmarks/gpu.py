@@ -6,9 +6,10 @@ API (``install``, ``build_cache``, ``ContinuousBatcher``, ``prefill_logits``), i
 
 * prefill: seconds and peak device memory of one prompt per context, plain transformers (a
   ``DynamicCache``) vs the engine's full cache vs SnapStream;
-* decode, per context (8k, 32k, 128k): ms per step and tokens/s of the full cache (4 rows; 1 at 128k)
-  vs SnapStream rows at equal KV memory (``rows x context / budget`` rows), in each compile mode (off;
-  on: on CUDA a CUDA graph; graphs: the eager step captured as CUDA graphs, CUDA only) and each
+* decode, per context (8k, 32k, 128k): ms per step and tokens/s of the full cache (4 rows; 1 at 128k),
+  the same rows with FP8 slots (``cache.kv_dtype=fp8_e4m3``: half the K/V bytes, read back in bfloat16
+  each step) and SnapStream rows at equal KV memory (``rows x context / budget`` rows), in each compile
+  mode (off; on: on CUDA a CUDA graph; graphs: the eager step captured as CUDA graphs, CUDA only) and each
   ``--decode-attention`` (the decode name says which attention ran), then plain transformers on the full
   cache's rows and prompt (``gpu_peer.py``: eager over a ``DynamicCache``, and over a ``StaticCache``
   with the one-token forward compiled), with the warm-up seconds (compile included), the bytes a step
@@ -177,7 +178,7 @@ def decode_row(model, context: int, cache: dict, rows: int, args, mode: str, att
     row 0). Returns (the attention that ran, the row's columns)."""
     ids = tuple(prompt_ids(context, model.config.vocab_size))
     requests = [Request(ids, cache, args.steps, tag=row) for row in range(rows)]  # one shared prefill
-    batcher = ContinuousBatcher(model, rows, mode, decode_attention=attention)
+    batcher = ContinuousBatcher(model, rows, mode, decode_attention=attention, kv_dtype=cache.get("kv_dtype"))
     batcher.reserve(requests)
     start = time.perf_counter()
     batcher.run([Request(ids, cache, 3, tag="warm-up")], lambda answer: None)
@@ -199,13 +200,14 @@ def decode_row(model, context: int, cache: dict, rows: int, args, mode: str, att
 
 
 def decode_rows(model, args, budget_of: dict[int, int]) -> list[list]:
-    """Per context: the full cache and SnapStream at equal KV memory in every compile mode, then the
-    transformers peers on the full cache's rows."""
+    """Per context: the full cache, its rows with FP8 slots and SnapStream at equal KV memory in every
+    compile mode, then the transformers peers on the full cache's rows."""
     rows = []
     for context, full_rows in zip(args.contexts, args.full_rows, strict=True):
         budget = budget_of[context]
         settings = [
             ("full", {"method": "full"}, full_rows),
+            ("full fp8_e4m3", {"method": "full", "kv_dtype": "fp8_e4m3"}, full_rows),
             (f"snapstream {budget}", snapstream(budget), full_rows * context // budget),
         ]
         for (name, cache, count), mode, attention in itertools.product(
