@@ -41,8 +41,9 @@ def usable_rows(batch_size: int, requests: int) -> int:
 def row_bytes(capacity: int, shapes: CachedShapes) -> int:
     """Bytes of one row of ``capacity`` slots (on a full layer; a layer with a sliding window holds
     ``min(window, capacity)``) for a model caching ``shapes`` (:func:`snapeval.cache.slots.cached_shapes`):
-    its keys and values (:meth:`~snapeval.cache.slots.CachedShapes.kv_bytes`), an int64 position per slot
-    and KV head, and a valid flag per slot of each distinct window's ring."""
+    its keys and values as the rows store them (:meth:`~snapeval.cache.slots.CachedShapes.kv_bytes`: 1
+    byte an element under ``cache.kv_dtype=fp8_e4m3``), an int64 position per slot and KV head, and a
+    valid flag per slot of each distinct window's ring."""
     positions = row_slots(capacity, shapes.windows) * shapes.kv_heads * POSITION_BYTES
     flags = row_slots(capacity, set(shapes.windows)) * FLAG_BYTES
     return shapes.kv_bytes(capacity) + positions + flags
