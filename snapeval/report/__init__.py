@@ -5,8 +5,9 @@ ship a compressed KV cache: per model and task, each method's accuracy and paire
 full cache over the budgets measured, the smallest budget meeting each retention target (the gate's
 rule; with ``--max-output-growth``, also shown to keep output growth within the bound), KV bytes and rows
 per accelerator from the memory estimator, speed, output length against the full cache's and what it
-costs, the samples that flipped, trace statistics and provenance; the verdicts of accuracy gates when
-given. It reads the database and the estimator's shipped catalogue only: no model, no torch.
+costs, the accuracy of each turn where samples asked several questions of one context, the samples that
+flipped, trace statistics and provenance; the verdicts of accuracy gates when given. It reads the
+database and the estimator's shipped catalogue only: no model, no torch.
 
 Modules: :mod:`~snapeval.report.data` (settings grouped into experiments),
 :mod:`~snapeval.report.analysis` (retention, bounds, decisions, flips), :mod:`~snapeval.report.capacity`
@@ -14,6 +15,7 @@ Modules: :mod:`~snapeval.report.data` (settings grouped into experiments),
 :mod:`~snapeval.report.experiment` and :mod:`~snapeval.report.build` (the blocks),
 :mod:`~snapeval.report.output_length` (output length and its cost per setting),
 :mod:`~snapeval.report.engines` (each deployed engine against snapeval's reference),
+:mod:`~snapeval.report.turns` (the accuracy of each turn of multi-turn samples),
 :mod:`~snapeval.report.document` (the blocks' types) and the two renderers,
 :mod:`~snapeval.report.render_html` and :mod:`~snapeval.report.render_markdown`.
 """

@@ -1,6 +1,6 @@
 """The whole report of a database: what it is and how to read it, the decision over every experiment, the
 gates' verdicts when asked, each deployed engine against snapeval's reference when the database holds one,
-then a section per experiment."""
+the accuracy of each turn when it holds multi-turn samples, then a section per experiment."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from snapeval.report.experiment import (
     experiment_blocks,
     target_label,
 )
+from snapeval.report.turns import turn_blocks
 from snapeval.results import ResultsDB
 from snapeval.results.identity import git_sha
 
@@ -68,6 +69,7 @@ def build_report(
 
         blocks += _gate_blocks([judge(gate, db) for gate in gates])
     blocks += engine_blocks([analysis.experiment for analysis in analyses])
+    blocks += turn_blocks([analysis.experiment for analysis in analyses])
     for index, analysis in enumerate(analyses, start=1):
         blocks += experiment_blocks(analysis, f"experiment-{index}", targets, figures, flips)
     return Document(TITLE, tuple(blocks))

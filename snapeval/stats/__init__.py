@@ -3,7 +3,8 @@ retention rule of the gate, the report and the budget search (:mod:`.retention`)
 ladder of budgets (:mod:`.ladder`), answer agreement and the "compression not applied?" test
 (:mod:`.agreement`), a deployed engine's setting against snapeval's on the same samples
 (:mod:`.engines`), output-length growth and the verdict of two targets together (:mod:`.output_length`),
-and the decisions' error rates by simulation (:mod:`.simulation`)."""
+accuracy per turn of multi-turn samples (:mod:`.turns`), and the decisions' error rates by simulation
+(:mod:`.simulation`)."""
 
 from snapeval.stats.accuracy import PASS_AT, mean_ci, pass_at, pass_at_k
 from snapeval.stats.agreement import Agreement, Unchanged, agreement, clopper_pearson, unchanged
