@@ -87,6 +87,7 @@ def alone(model, request: Request):
         set(request.stop_ids),
         request.sampling,
         request.compress_at,
+        followups=request.followups,
     )
 
 

@@ -4,6 +4,11 @@ checked against. It knows nothing of compression; a snapeval cache compresses it
 
 ``compress_at`` splits a prompt: the tokens before it are prefilled in one call (and so compressed by a
 compressing cache); the rest (the query, in query-agnostic evaluation) is appended afterwards.
+
+Several turns on one context: after each answer but the last, its follow-up (:func:`forced_ids`: the
+answer's last token unless the follow-up starts with it, then the follow-up's ids) is fed to the cache as
+it stands, one token per step, and the next answer drawn from the last of them, as a chat engine with
+prefix reuse serves a conversation.
 """
 
 from __future__ import annotations
@@ -22,13 +27,31 @@ from snapeval.decode.sampling import Sampling, sample_one
 
 
 @dataclass(frozen=True)
+class Turn:
+    """One turn's answer: its tokens, why it ended (eos | length | stop), and its decode seconds (feeding
+    the follow-up before it included)."""
+
+    tokens: tuple[int, ...]
+    stopped: str
+    decode_s: float
+
+
+@dataclass(frozen=True)
 class Generation:
-    """One answer: its tokens, its seconds, and why it ended (eos | length | stop)."""
+    """One answer: its tokens, its seconds, and why it ended (eos | length | stop); with follow-ups, those
+    of the last turn (``decode_s``: every turn's), and ``turns`` every turn's."""
 
     tokens: list[int]
     prefill_s: float
     decode_s: float
     stopped: str = "eos"
+    turns: tuple[Turn, ...] = ()
+
+
+def forced_ids(last: int, followup: Sequence[int]) -> list[int]:
+    """What is fed between two answers: ``last``, the answer's last token drawn (not yet fed), unless the
+    follow-up starts with it (an end of turn that the chat template writes too), then the ``followup``."""
+    return list(followup) if followup[0] == last else [last, *followup]
 
 
 def _append_limit(cache: Cache) -> int | None:
@@ -115,12 +138,14 @@ def generate(
     sampling: Sampling = Sampling(),
     compress_at: int | None = None,
     should_stop: Callable[[list[int]], bool] | None = None,
+    followups: Sequence[Sequence[int]] = (),
 ) -> Generation:
     """Prefill ``prompt_ids`` into ``cache``, then decode one token at a time: the plain reference path.
 
-    Stops as :func:`take_token` says. The ``k``-th token is drawn as
-    :func:`snapeval.decode.sampling.sample_one` draws it with counter ``k``, so every batched or compiled
-    path can be checked against this one.
+    Stops as :func:`take_token` says; with ``followups``, each turn after the first begins by feeding
+    :func:`forced_ids` one token per step, and its ``max_new_tokens`` and stops start afresh. The ``k``-th
+    token drawn (over every turn) is drawn as :func:`snapeval.decode.sampling.sample_one` draws it with
+    counter ``k``, so every batched or compiled path can be checked against this one.
     """
     device = model.device
     start = time.perf_counter()
@@ -128,15 +153,24 @@ def generate(
     token = sample_one(logits, sampling, 0)
     synchronize(device)
     prefill_s = time.perf_counter() - start
-    start = time.perf_counter()
-    tokens: list[int] = []
-    passing = {cache_keyword(model): cache}
-    while (stopped := take_token(tokens, token, stop_ids, max_new_tokens, should_stop)) is None:
-        step = torch.tensor([[token]], device=device)
-        logits = model(input_ids=step, use_cache=True, **passing).logits[0, -1]
-        token = sample_one(logits, sampling, len(tokens))
-    synchronize(device)
-    return Generation(tokens, prefill_s, time.perf_counter() - start, stopped)
+    drawn, turns, passing = 1, [], {cache_keyword(model): cache}
+
+    def step(fed: int) -> torch.Tensor:
+        return model(input_ids=torch.tensor([[fed]], device=device), use_cache=True, **passing).logits[0, -1]
+
+    for turn in range(len(followups) + 1):
+        start = time.perf_counter()
+        if turn:
+            for fed in forced_ids(token, followups[turn - 1]):
+                logits = step(fed)
+            token, drawn = sample_one(logits, sampling, drawn), drawn + 1
+        tokens: list[int] = []
+        while (stopped := take_token(tokens, token, stop_ids, max_new_tokens, should_stop)) is None:
+            token, drawn = sample_one(step(token), sampling, drawn), drawn + 1
+        synchronize(device)
+        turns.append(Turn(tuple(tokens), stopped, time.perf_counter() - start))
+    decode_s = sum(turn.decode_s for turn in turns)
+    return Generation(list(turns[-1].tokens), prefill_s, decode_s, turns[-1].stopped, tuple(turns))
 
 
 @torch.inference_mode()

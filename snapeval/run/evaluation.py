@@ -7,7 +7,8 @@ server where ``engine.serve`` starts one: :mod:`snapeval.backends.serve`), queue
 (:class:`snapeval.run.workers.ClaimingFeed`), queues a two-pass task's answer call as soon as its first
 call ends, and scores and commits each sample the moment its last call ends (a compressed point's sample
 waits for the full cache's output of the same sample when that is being computed too: its fidelity
-needs it).
+needs it). A sample of several turns is one request: its first call carries the follow-up questions,
+answered in turn on the same cache (snapeval's engine only).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from snapeval.configs.setting import CacheSetting
 from snapeval.decode.batch_rows import usable_rows
 from snapeval.decode.continuous import Answer, ContinuousBatcher, Request
 from snapeval.decode.stops import stop_ids
+from snapeval.errors import SnapevalError
 from snapeval.models import ModelSpec, attach_drafts, load_model, load_tokenizer, model_config
 from snapeval.models.weights import weights_path
 from snapeval.results import ResultsDB, config_hash
@@ -128,6 +130,7 @@ class Evaluation:
         """Generate, score and store every missing (prompt, point), group by group (a deployed engine's
         settings one by one, each its own server); ``between_steps`` before each decode step
         (:meth:`snapeval.run.signals.Stops.check`)."""
+        self.check_turns(prompts)
         together = shares_prefill(self.cfg) and self.remote is None
         groups = [self.points] if together else [[point] for point in self.points]
         with self.progress:  # closed before an error is reported, so its line comes last
@@ -148,6 +151,19 @@ class Evaluation:
                 batcher = self.batcher(most, kv_dtype)
                 for group in split:
                     self.run_group(batcher, group, prompts, lease_s, between_steps)
+
+    def check_turns(self, prompts: list[Prompt]) -> None:
+        """Refuse, before any call, a sample of several turns that only snapeval's engine answers: under a
+        deployed engine (one turn a call), or in a two-pass task (its answer call is one turn)."""
+        turns = max((prompt.turns for prompt in prompts), default=1)
+        if turns == 1:
+            return
+        asks = f"task {self.task.name} asks {turns} questions of each context, one turn after another"
+        if self.remote is not None:
+            message = f"{asks}, which only snapeval's engine answers for now (model.backend=snapeval)"
+            raise SnapevalError(message, "model.backend")
+        if self.task.answer_pass:
+            raise SnapevalError(f"{asks}: a two-pass task answers one", "task.answer_pass")
 
     def batcher(self, most: int, kv_dtype: str | None = None) -> Answerer:
         """snapeval's batcher, in as many rows as the requests need (at most ``most``), storing keys and
@@ -206,7 +222,8 @@ class Evaluation:
         draw = sampling(self.cfg["generation"], seed)
         stops = getattr(self.task, "stop", ())  # the task's stop strings
         tag = SampleCall(point, prompt, calls)
-        return self.builder.request(messages, max_new, point.setting, draw, stops, tag)
+        followups = () if calls else prompt.followups
+        return self.builder.request(messages, max_new, point.setting, draw, stops, tag, followups)
 
     def on_answer(self, answer: Answer) -> list[Request]:
         """A call ended: queue a two-pass task's answer call, or store the sample."""

@@ -1,4 +1,5 @@
-"""Turn a prompt into model input: fit the window, and mark where compression happens.
+"""Turn a prompt into model input: fit the window, mark where compression happens, and render the text
+fed between the answers of several turns on one context.
 
 A prompt is a task's chat messages, or a finished prompt text (lm-eval's contexts, encoded as they are).
 """
@@ -16,6 +17,8 @@ from snapeval.tasks.base import RAW_ROLE
 Messages = list[dict[str, str]]
 PromptInput = Messages | str
 """Chat messages (a :data:`~snapeval.tasks.base.RAW_ROLE` message is a raw prompt), or a prompt text."""
+ANSWER_MARK = "[[snapeval:answer]]"
+"""What stands for an answer when a conversation is rendered to find the text the template puts after it."""
 
 
 def fit_to_window(
@@ -77,6 +80,30 @@ def encode_with_split(
     context = tokenizer(text[:cut], add_special_tokens=False)["input_ids"]
     query = tokenizer(text[cut:], add_special_tokens=False)["input_ids"]
     return context + query, len(context)
+
+
+def followup_texts(
+    tokenizer: PreTrainedTokenizerBase, prompt: PromptInput, questions: Sequence[str]
+) -> list[str]:
+    """The text fed after each answer but the last, one per follow-up question: what the chat template
+    writes after an assistant answer through the next user message and the generation prompt (the
+    conversation so far rendered with :data:`ANSWER_MARK` for each answer, taken after the last one);
+    for a base model (no template), a raw prompt or a text, the question between blank lines."""
+    if isinstance(prompt, str) or is_raw(prompt) or not tokenizer.chat_template:
+        return [f"\n\n{question}\n\n" for question in questions]
+    texts, conversation = [], list(prompt)
+    for question in questions:
+        conversation += [{"role": "assistant", "content": ANSWER_MARK}, {"role": "user", "content": question}]
+        text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        cut = text.rfind(ANSWER_MARK)
+        if cut < 0:
+            raise SnapevalError(
+                "the model's chat template does not write an earlier answer back, so a follow-up turn "
+                "cannot extend the cache that holds it; run a one-turn task with this model",
+                "task.name",
+            )
+        texts.append(text[cut + len(ANSWER_MARK) :])
+    return texts
 
 
 def is_raw(prompt: PromptInput) -> bool:

@@ -3,6 +3,9 @@
 A prompt (a task's chat messages, or lm-eval's context text) is cut to fit the model's window with room
 for the answer, encoded, split where its query starts (query-agnostic compression), and wrapped in a
 :class:`~snapeval.decode.continuous.Request` with its sampling seed and the token ids and strings that end it.
+A sample of several turns also carries the ids fed after each answer but the last
+(:func:`~snapeval.run.prompting.followup_texts`, encoded without special tokens added); the window then
+leaves room for every turn's answer and follow-up.
 
 The runner cuts the middle of the last message's text (``task.truncation``) before encoding; the
 lm-eval model, whose context is one finished text, cuts the middle of its ids (``cut_ids``, as LongBench's
@@ -23,6 +26,7 @@ from snapeval.run.prompting import (
     PromptInput,
     encode_with_split,
     fit_to_window,
+    followup_texts,
     too_long,
     truncate_content,
     truncate_middle,
@@ -76,6 +80,7 @@ class RequestBuilder:
         self.truncation, self.cut_ids = truncation, cut_ids
         self.max_prompt_tokens, self.query_start = max_prompt_tokens, query_start
         self._last: tuple[Any, tuple[tuple[int, ...], int | None]] | None = None
+        self._followups: tuple[Any, tuple[tuple[int, ...], ...]] | None = None
         self._stop_checks: dict[tuple[str, ...], StopCheck | None] = {}
 
     @classmethod
@@ -100,23 +105,41 @@ class RequestBuilder:
         sampling: Sampling,
         stops: Sequence[str] = (),
         tag: Any = None,
+        followups: Sequence[str] = (),
     ) -> Request:
         """The request answering ``prompt`` in at most ``max_new_tokens`` under ``cache`` (a cache
-        setting), ending at :attr:`stop_ids` or once the answer holds one of ``stops``."""
-        ids, compress_at = self.encode(prompt, max_new_tokens)
+        setting), ending at :attr:`stop_ids` or once the answer holds one of ``stops``; then each of the
+        ``followups`` questions in turn, on the same cache, each answer as long and ending alike."""
+        fed = self.followup_ids(prompt, tuple(followups))
+        reserved = (1 + len(fed)) * max_new_tokens + sum(len(ids) for ids in fed)
+        ids, compress_at = self.encode(prompt, reserved)
         stops = tuple(stops)
         if stops not in self._stop_checks:
             self._stop_checks[stops] = stop_check(self.tokenizer, stops)
         should_stop = self._stop_checks[stops]
-        return Request(ids, cache, max_new_tokens, sampling, self.stop_ids, compress_at, should_stop, tag)
+        return Request(
+            ids, cache, max_new_tokens, sampling, self.stop_ids, compress_at, should_stop, tag, followups=fed
+        )
 
-    def encode(self, prompt: PromptInput, max_new_tokens: int) -> tuple[tuple[int, ...], int | None]:
-        """The prompt's ids, fitted to leave ``max_new_tokens`` of the window, and where its query starts
-        (None: all of it is compressed at prefill)."""
-        key = (_frozen(prompt), max_new_tokens)
+    def encode(self, prompt: PromptInput, reserved: int) -> tuple[tuple[int, ...], int | None]:
+        """The prompt's ids, fitted to leave ``reserved`` tokens of the window (its answers and
+        follow-ups), and where its query starts (None: all of it is compressed at prefill)."""
+        key = (_frozen(prompt), reserved)
         if self._last is None or self._last[0] != key:
-            self._last = (key, self._encode(prompt, self.window - max_new_tokens))
+            self._last = (key, self._encode(prompt, self.window - reserved))
         return self._last[1]
+
+    def followup_ids(self, prompt: PromptInput, questions: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """The ids fed after each answer to ``prompt`` but the last, one per follow-up question (the last
+        sample's kept: its draws and cache settings render them once)."""
+        if not questions:
+            return ()
+        key = (_frozen(prompt), questions)
+        if self._followups is None or self._followups[0] != key:
+            texts = followup_texts(self.tokenizer, prompt, questions)
+            ids = (self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts)
+            self._followups = (key, tuple(tuple(each) for each in ids))
+        return self._followups[1]
 
     def split(self, prompt: PromptInput) -> tuple[list[int], int | None]:
         """The prompt's ids as they are, and where its query starts."""

@@ -3,7 +3,9 @@
 :class:`ContinuousBatcher` holds what lasts across runs (the slot cache, the step counters);
 :class:`_Run` one call of :meth:`ContinuousBatcher.run` (its queue, rows and the prefills still
 shared), each part of its loop a method: admit requests to free rows, decode one step, finish a row,
-top the queue up.
+top the queue up. A row whose answer to one turn ends with turns left is not freed: it is fed its
+follow-up one token per step, through the same step (each token written as its input between steps),
+and the token drawn at the last one begins its next answer.
 """
 
 from __future__ import annotations
@@ -211,7 +213,7 @@ class _Run:
             prefill.release()  # its rows hold their copies
         stopped = take_token(row.tokens, first, request.stop_ids, request.max_new_tokens, request.should_stop)
         if stopped is not None:
-            self.finish(index, stopped)
+            self.stop(index, stopped, first)
         else:
             self.tokens[index] = first
 
@@ -229,12 +231,35 @@ class _Run:
             row.decode_s += elapsed / len(active)
             row.fed += 1
             row.reselect(self.batcher.slots, index)  # between steps, as a single cache after the step
+            if row.forced:  # its follow-up is being fed: what the step drew is not an answer's
+                self.force(index)
+                continue
+            row.drawn += 1
             request = row.request
             stopped = take_token(
                 row.tokens, drawn[index], request.stop_ids, request.max_new_tokens, request.should_stop
             )
             if stopped is not None:
-                self.finish(index, stopped)
+                self.stop(index, stopped, drawn[index])
+
+    def stop(self, index: int, stopped: str, last: int) -> None:
+        """Row ``index``'s answer to its turn ended (``last``: the token drawn last): on to its next turn,
+        or, with none left, finished."""
+        row = self.rows[index]
+        if not row.turns_left:
+            self.finish(index, stopped)
+            return
+        row.next_turn(stopped, last)
+        self.force(index)
+
+    def force(self, index: int) -> None:
+        """Write row ``index``'s next follow-up token as its input to the next step; before the last one,
+        set its counter so that the step draws the next answer's first token with the counter of the
+        row's draws so far (as :func:`~snapeval.decode.generation.generate` does)."""
+        row = self.rows[index]
+        self.tokens[index] = row.forced.popleft()
+        if not row.forced:
+            self.sampling.counter[index] = row.drawn - 1
 
     def finish(self, index: int, stopped: str) -> None:
         """Free row ``index``, hand its answer on, and queue first the follow-ups it brings."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -13,12 +14,15 @@ from snapeval.cache.tensor_parallel import mean_over_ranks, tp_degree, whole_kv_
 from snapeval.decode.continuous.classes import RowClasses
 from snapeval.decode.continuous.prefills import Prefill
 from snapeval.decode.continuous.work import Answer, Request
+from snapeval.decode.generation import Turn, forced_ids
 from snapeval.decode.sampling import Sampling
 
 
 @dataclass
 class Row:
-    """One row's request while it decodes: its tokens so far, its slots and its seconds."""
+    """One row's request while it decodes: its tokens so far, its slots and its seconds; of a request of
+    several turns, the turns it answered (``turns``), the tokens still to feed before its next answer
+    (``forced``) and the tokens drawn over every turn (``drawn``: the counter of the next draw)."""
 
     request: Request
     method: str
@@ -34,6 +38,21 @@ class Row:
     held: int = 0  # tokens the row holds (an evicting row)
     since: int = 0  # steps since its last re-selection
     evictions: list[int] = field(default_factory=list)  # steps (tokens generated) at its re-selections
+    turns: list[Turn] = field(default_factory=list)
+    forced: deque[int] = field(default_factory=deque)
+    drawn: int = 1
+
+    @property
+    def turns_left(self) -> bool:
+        """Whether a follow-up turn remains after the answer being decoded."""
+        return len(self.turns) < len(self.request.followups)
+
+    def next_turn(self, stopped: str, last: int) -> None:
+        """The current turn's answer ended (``last``: the token drawn last): keep it, and queue what is fed
+        before the next one (:func:`~snapeval.decode.generation.forced_ids`)."""
+        self.forced.extend(forced_ids(last, self.request.followups[len(self.turns)]))
+        self.turns.append(Turn(tuple(self.tokens), stopped, self.decode_s))
+        self.tokens, self.decode_s = [], 0.0
 
     def reselect(self, slots: RowClasses, index: int) -> None:
         """Note the step just fed and re-select the row (``index`` of ``slots``) if its method's rule
@@ -94,7 +113,7 @@ class RowSampling:
 def load_row(slots: RowClasses, index: int, request: Request, prefill: Prefill, sampling: RowSampling) -> Row:
     """Copy the prefilled cache of ``request`` into row ``index`` and set the row's sampling."""
     cache = prefill.caches[request.setting]  # it holds the appended query already
-    held = slots.load_row(index, cache, request.max_new_tokens)
+    held = slots.load_row(index, cache, request.new_tokens)
     sampling.set_row(index, request.sampling)
     first = cache.layers[0]
     full = next((layer for layer in cache.layers if layer.window is None), first)
@@ -139,12 +158,13 @@ def answer_of(slots: RowClasses, row_index: int, row: Row, stopped: str) -> Answ
     generated = (
         slots.kept_share(index, prompt_length + row.fed, prompt_length) if compressed and row.fed else None
     )
+    turns = (*row.turns, Turn(tuple(row.tokens), stopped, row.decode_s))
     return Answer(
         row.request,
         row.tokens,
         stopped,
         row.prefill_s,
-        row.decode_s,
+        sum(turn.decode_s for turn in turns),
         kv_bytes=slots.shapes.kv_bytes(held),
         ring_wraps=int(slots.ring_wraps[index]),
         kept_histogram=histogram,
@@ -152,4 +172,5 @@ def answer_of(slots: RowClasses, row_index: int, row: Row, stopped: str) -> Answ
         evictions=tuple(row.evictions),
         kept_generated_share=generated,
         row=row_index,
+        turns=turns,
     )
