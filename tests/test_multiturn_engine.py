@@ -22,6 +22,7 @@ from __future__ import annotations
 import sqlite3
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -43,6 +44,7 @@ from snapeval.tasks import Task
 
 from .conftest import SMOLLM2, TINY_VOCAB, compose_config
 from .test_continuous import TOLERANCE, alone
+from .test_graphs_step import run as run_steps
 
 MAX_NEW = 6
 COMPRESSING = [
@@ -123,31 +125,30 @@ def test_the_full_cache_over_three_turns_answers_as_the_whole_conversation_witho
     assert rows.decode_s == pytest.approx(sum(turn.decode_s for turn in rows.turns))
 
 
-def test_rows_of_several_turns_answer_as_one_by_one_beside_one_turn_rows(tiny_llama):
-    """Full, SnapKV, SnapStream and StreamingLLM at budgets that compress, in 3 rows: each 3-turn request
-    (greedy and sampled; one with a query appended after compression; one whose answers end on an end of
-    turn) answers every turn as the one-by-one path, and each one-turn request as alone."""
+def mixed_requests(model) -> list[Request]:
+    """Full, SnapKV, SnapStream and StreamingLLM at budgets that compress: per method a 3-turn request
+    (greedy or sampled; SnapKV's with a query appended after compression; its second follow-up starting
+    with the token that ends its answers) and a one-turn request."""
     generator = torch.Generator().manual_seed(3)
     requests = []
     for index, cache in enumerate(COMPRESSING):
         prompt = random_ids(generator, 110 + 10 * index)
         sampled = Sampling(do_sample=index % 2 == 1, temperature=0.9, top_p=0.95, seed=index)
-        end = alone(tiny_llama, Request(prompt, cache, MAX_NEW, sampled)).tokens[3]  # drawn: ends a turn
+        end = alone(model, Request(prompt, cache, MAX_NEW, sampled)).tokens[3]  # drawn: ends a turn
         followups = (random_ids(generator, 6), (end, *random_ids(generator, 4)))
-        compress_at = 100 if index == 1 else None
+        stops, compress_at = frozenset({end}), 100 if index == 1 else None
+        several = Request(prompt, cache, MAX_NEW, sampled, stops, compress_at, tag=f"turns {index}")
         requests += [
-            Request(
-                prompt,
-                cache,
-                MAX_NEW,
-                sampled,
-                frozenset({end}),
-                compress_at,
-                tag=f"turns {index}",
-                followups=followups,
-            ),
-            Request(random_ids(generator, 90), cache, 9, Sampling(), frozenset({end}), tag=f"one {index}"),
+            replace(several, followups=followups),
+            Request(random_ids(generator, 90), cache, 9, Sampling(), stops, tag=f"one {index}"),
         ]
+    return requests
+
+
+def test_rows_of_several_turns_answer_as_one_by_one_beside_one_turn_rows(tiny_llama):
+    """:func:`mixed_requests` in 3 rows: each 3-turn request answers every turn as the one-by-one path, and
+    each one-turn request as alone."""
+    requests = mixed_requests(tiny_llama)
     got = batched(tiny_llama, requests, rows=3)
     for request in requests:
         reference = alone(tiny_llama, request)
@@ -340,3 +341,12 @@ def test_a_deployed_engine_is_refused_a_task_of_several_turns_before_any_call(
     with sqlite3.connect(tmp_path / "db.sqlite") as connection:
         assert connection.execute("SELECT count(*) FROM samples").fetchone() == (0,)
         assert connection.execute("SELECT count(*) FROM runs WHERE engine IS NOT NULL").fetchone() == (0,)
+
+
+def test_captured_steps_feed_the_follow_ups_as_the_eager_step(tiny_llama, monkeypatch):
+    """``run.compile=graphs`` (the capture traced on CPU, as tests/test_graphs_step.py does): a follow-up's
+    tokens and counters written between steps are read by the one captured step's replays."""
+    requests = mixed_requests(tiny_llama)
+    eager, _, _ = run_steps(tiny_llama, requests, 3, False, monkeypatch)
+    graphs, graphed, _ = run_steps(tiny_llama, requests, 3, True, monkeypatch)
+    assert graphs == eager and graphed.captures == 1

@@ -10,7 +10,9 @@ sweep grid, whose caches (each compressing itself) are all filled from that one 
 :class:`~snapeval.cache.grid.CacheGrid`. Then one decode step advances every row by one token. A row that
 stops frees its slot for the next request at once: the batch never waits for its longest row. The queue
 may be topped up while it runs (``run(..., more=...)``): the runner claims samples from the results
-database as rows free, so that workers on one point split it.
+database as rows free, so that workers on one point split it. A request of several turns on one context
+(``Request.followups``) keeps its row from turn to turn: each follow-up is fed one token per decode step,
+as a chat engine with prefix reuse appends a conversation's next message.
 
 The decode step (tokens of every row -> next token of every row, sampling included) performs no host
 synchronisation and no branch on tensor values; :meth:`ContinuousBatcher.step` may be compiled

@@ -262,7 +262,7 @@ class _Run:
             self.sampling.counter[index] = row.drawn - 1
 
     def finish(self, index: int, stopped: str) -> None:
-        """Free row ``index``, hand its answer on, and queue first the follow-ups it brings."""
+        """Free row ``index``, hand its answer on, and queue first the requests it brings (a second pass)."""
         row = self.rows[index]
         self.rows[index] = None
         slots = self.batcher.slots
