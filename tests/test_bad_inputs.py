@@ -127,7 +127,8 @@ def test_a_sampling_seed_is_read_modulo_2_to_the_64():
     [
         (
             ["cache=streaming_llm", "+cache.kernel=9"],
-            "cache.kernel: unknown key; streaming_llm takes budget, method, ratio, rerotate, sinks",
+            "cache.kernel: unknown key; streaming_llm takes budget, kv_dtype, method, prefill_chunk, ratio, "
+            "rerotate, sinks",
         ),
         (
             ["cache=snapstream", "+cache.press=Foo"],
