@@ -133,9 +133,7 @@ class Task(ABC):
     where the answer begins, needing no chat turn."""
     id_field: ClassVar[str | None] = None
     needs_tokenizer: ClassVar[bool] = False  # rows are generated with the model's tokenizer
-    multi_turn: ClassVar[bool] = False
-    """Whether its samples ask several questions of one context (:meth:`followups`): lm-eval asks one a
-    document, so such a task has no lm-eval definition."""
+    multi_turn: ClassVar[bool] = False  # several questions of one context (followups): no lm-eval definition
     source: ClassVar[DataSource | None] = None
     deviations: tuple[str, ...] = ()
 
