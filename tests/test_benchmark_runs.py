@@ -11,8 +11,8 @@ from snapeval.results import load
 from snapeval.run import runner
 from snapeval.tasks import load_task
 from snapeval.tasks import longbench_v2 as lb
-from snapeval.tasks.base import load_rows
 from snapeval.tasks.longbench_v2 import LONGBENCH_V2
+from snapeval.tasks.rows import load_rows
 
 from .conftest import SMOLLM2, compose_config
 from .paths import SHARED_DATA, needs_shared_data

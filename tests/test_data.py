@@ -8,9 +8,9 @@ import pytest
 
 from snapeval.errors import SnapevalError
 from snapeval.tasks.aime24 import AIME24
-from snapeval.tasks.base import load_rows
 from snapeval.tasks.livecodebench import LIVECODEBENCH
 from snapeval.tasks.longbench_v2 import LONGBENCH_V2
+from snapeval.tasks.rows import load_rows
 
 from .paths import SHARED_DATA, needs_shared_data
 

@@ -28,7 +28,8 @@ from snapeval.errors import SnapevalError
 from snapeval.sandbox import SandboxLimits
 from snapeval.tasks import livecodebench as lcb
 from snapeval.tasks import load_task
-from snapeval.tasks.base import MAX_CHARS_PER_TOKEN, MAX_DATA_BYTES
+from snapeval.tasks.base import MAX_CHARS_PER_TOKEN
+from snapeval.tasks.rows import MAX_DATA_BYTES
 from tests.test_bad_inputs import refusal
 
 FIELD = "task.metadata.data_path"

@@ -1,5 +1,5 @@
 """Where a benchmark's rows live (:class:`DataSource`), and reading them from the Hugging Face Hub
-(:func:`read_hub`); local files are read by :func:`snapeval.tasks.base.load_rows`."""
+(:func:`read_hub`); local files are read by :func:`snapeval.tasks.rows.load_rows`."""
 
 from __future__ import annotations
 

@@ -11,11 +11,12 @@ from typing import Any
 from snapeval.decode.stops import cut_at_stop
 from snapeval.errors import SnapevalError
 from snapeval.sandbox import limits_from_config
-from snapeval.tasks.base import DataSource, Task, local_file
+from snapeval.tasks.base import DataSource, Task
 from snapeval.tasks.livecodebench.cases import tests_problem
 from snapeval.tasks.livecodebench.extraction import extract_code
 from snapeval.tasks.livecodebench.grading import run_tests
 from snapeval.tasks.livecodebench.prompts import STYLES, SYSTEM_MESSAGE, build_messages, generic_question
+from snapeval.tasks.rows import local_file
 
 LIVECODEBENCH = DataSource(
     name="LiveCodeBench",
