@@ -120,6 +120,25 @@ def test_round_trip_flattens_the_config_and_expands_metrics(tmp_path, config):
     assert math.isnan(df.iloc[1]["metric.f1"])
 
 
+def test_every_frame_says_how_each_setting_was_deployed(tmp_path, config):
+    """``cache.prefill_chunk`` and ``cache.kv_dtype`` are columns of every loaded frame: null for a setting
+    that left them unset (whole prefill, the model's dtype), the value for one that set them."""
+    deployed = {**config, "cache": {**config["cache"], "prefill_chunk": 256, "kv_dtype": "fp8_e4m3"}}
+    path = tmp_path / "results.sqlite"
+    with ResultsDB(path) as db:
+        for index, setting in enumerate((config, deployed)):
+            digest = config_hash(setting)
+            db.add_sample(db.start_run(setting, digest), digest, sample(index))
+    df = load(path).set_index("sample_id")
+    assert df.loc["0", ["cache.prefill_chunk", "cache.kv_dtype"]].isna().all()
+    assert df.loc["1", ["cache.prefill_chunk", "cache.kv_dtype"]].tolist() == [256, "fp8_e4m3"]
+    only_default = tmp_path / "default.sqlite"
+    with ResultsDB(only_default) as db:
+        digest = config_hash(config)
+        db.add_sample(db.start_run(config, digest), digest, sample(0))
+    assert {"cache.prefill_chunk", "cache.kv_dtype"} <= set(load(only_default).columns)
+
+
 def test_adding_a_stored_sample_again_keeps_the_first(tmp_path, config):
     db = ResultsDB(tmp_path / "results.sqlite")
     digest = config_hash(config)

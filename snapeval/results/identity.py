@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from snapeval.configs import legacy
+from snapeval.configs.cache import DEPLOYMENT
 from snapeval.configs.protocols import changed_settings, lookup
 from snapeval.configs.root import declared_fields
 from snapeval.configs.setting import effective_params
@@ -56,6 +57,10 @@ ALIASES: dict[str, str] = {
     "kernel": "cache.kernel",
     "pooling": "cache.pooling",
 }
+
+#: Config columns every loaded frame has (:func:`load`), null where a run left them unset: how a setting was
+#: deployed (``cache.prefill_chunk`` null: one whole prefill; ``cache.kv_dtype`` null: the model's dtype).
+DEPLOYMENT_COLUMNS: tuple[str, ...] = tuple(f"cache.{name}" for name in DEPLOYMENT)
 
 #: Distribution of each package whose version a run records.
 VERSIONED_PACKAGES: dict[str, str] = {

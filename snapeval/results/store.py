@@ -12,7 +12,7 @@ from sqlalchemy import Engine, delete, select, update
 
 from snapeval.configs.protocols import flatten
 from snapeval.results.connect import database_url, open_engine
-from snapeval.results.identity import ALIASES, config_hash, run_config, upgraded
+from snapeval.results.identity import ALIASES, DEPLOYMENT_COLUMNS, config_hash, run_config, upgraded
 from snapeval.results.leases import Clock, RunLedger, insert_into, run_state, utcnow
 from snapeval.results.schema import (
     claims,
@@ -229,7 +229,7 @@ def _run_columns(run: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str,
     flat = flatten(config)
     aliases = {alias: flat[path] for alias, path in ALIASES.items() if path in flat}
     provenance = {key: run[key] for key in ("git_sha", "status", "created_at")}
-    return {**flat, **aliases, "run_id": run["id"], **provenance}
+    return {**dict.fromkeys(DEPLOYMENT_COLUMNS), **flat, **aliases, "run_id": run["id"], **provenance}
 
 
 def _sample_columns(sample: Mapping[str, Any]) -> dict[str, Any]:
