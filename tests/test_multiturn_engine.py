@@ -204,7 +204,8 @@ def test_follow_up_ids_are_what_the_chat_template_writes_between_turns():
     for answer, question in zip(answers, questions, strict=True):
         rendered += [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
     assert conversation == encode_chat(tokenizer, rendered)
-    assert request.followups[0][0] == tokenizer.eos_token_id  # <|im_end|>: an answer's end, fed once
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")  # not the eos at the transformers floor
+    assert request.followups[0][0] == end_of_turn  # an answer's end, fed once
     assert tokenizer.decode(request.followups[1]).endswith(
         "And the last digit?<|im_end|>\n<|im_start|>assistant\n"
     )
