@@ -5,7 +5,9 @@ decode-time eviction and sampled decoding (SnapStream; each rank draws from the 
 the tiny models saved in the folders it is given (MLA: every method but re-rotated sinks, which it
 refuses). Each rank saves ``rank<r>.pt``: ``runs``, (family, method, path) -> (tokens, the logits of every
 forward's last position), and ``kept``, (family, method) -> the positions every layer's cache holds after
-the prefill's selection and after decoding (R-KV's re-selections), on the one-by-one path.
+the prefill's selection and after decoding (R-KV's re-selections), on the one-by-one path; and
+``turns``, family -> (:func:`several_turns`' answers, the logits of every forward): requests of 2-3 turns on
+one compressed context in rows of one batcher.
 
 ``python tests/tensor_parallel_worker.py OUT [--style=ep] FOLDER...`` (under torchrun: ``--nproc-per-node
 2``; ``--style=ep``: the experts placed by the family's expert-parallel plan, ``model.tp_style=ep``).
@@ -25,7 +27,7 @@ if str(ROOT) not in sys.path:  # run as a script by torchrun
 
 from snapeval.cache import build_cache, install  # noqa: E402
 from snapeval.cli.world import launcher_world  # noqa: E402
-from snapeval.decode.continuous import ContinuousBatcher, Request  # noqa: E402
+from snapeval.decode.continuous import Answer, ContinuousBatcher, Request  # noqa: E402
 from snapeval.decode.generation import generate  # noqa: E402
 from snapeval.decode.sampling import Sampling  # noqa: E402
 from snapeval.errors import SnapevalError  # noqa: E402
@@ -56,6 +58,11 @@ a rank whose recorded queries are not its own heads' answers otherwise."""
 
 
 SAMPLED = Sampling(do_sample=True, temperature=0.9, top_p=0.95, seed=7)
+TURNS = {"full": 3, "snapkv": 2, "snapstream": 3, "streaming_llm": 2}
+"""The methods that answer several turns on one context (:func:`several_turns`), and how many; SnapStream's
+are sampled."""
+FOLLOWUP_LENGTHS = (5, 4)
+"""The random ids of each follow-up (the first one led by the token that ends a turn)."""
 
 
 def prompt(seed: int = 1) -> list[int]:
@@ -101,9 +108,10 @@ def held_positions(cache) -> list[list[list[int]]]:
     return [layer.positions[0].tolist() for layer in cache.layers]
 
 
-def run_family(model, settings: dict[str, dict]) -> tuple[dict, dict]:
+def run_family(model, settings: dict[str, dict]) -> tuple[dict, dict, tuple]:
     """(method, path) -> (tokens, logits of every forward) on every path; method -> the positions held
-    after the prefill and after decoding (:func:`held_positions`)."""
+    after the prefill and after decoding (:func:`held_positions`); and (:func:`several_turns`' answers,
+    logits of every forward)."""
     tap, ids, runs, kept = LogitTap(model), prompt(), {}, {}
     settings = family_settings(model, settings)
     for method, params in settings.items():
@@ -123,13 +131,52 @@ def run_family(model, settings: dict[str, dict]) -> tuple[dict, dict]:
     runs["snapstream sampled", "generate"] = (tokens, tap.take())
     requests = [Request(tuple(ids), params, NEW_TOKENS, replace(SAMPLED, seed=s), tag=s) for s in (1, 2)]
     runs["snapstream sampled", "batcher rows"] = (batch(model, requests), tap.take())
-    return runs, kept
+    end = runs["full", "batcher"][0][3]  # a token the full cache draws: made the end of a turn
+    return runs, kept, (several_turns(model, settings, ids, end), tap.take())
+
+
+def several_turns(model, settings: dict[str, dict], ids: list[int], end: int) -> list[tuple]:
+    """Each method of :data:`TURNS` answering its turns on ``ids`` (its follow-ups: :data:`FOLLOWUP_LENGTHS`
+    random ids, the first led by ``end``, which ends a turn), beside a one-turn full cache, in rows of one
+    batcher: per request (its follow-ups, each turn's tokens, each turn's stop, its row's kv_bytes)."""
+    generator = torch.Generator().manual_seed(2)
+    followups = [tuple(torch.randint(3, VOCAB, (n,), generator=generator).tolist()) for n in FOLLOWUP_LENGTHS]
+    followups[0] = (end, *followups[0])
+    requests = [Request(tuple(ids), settings["full"], NEW_TOKENS, tag="one turn")]
+    for method, turns in TURNS.items():
+        sampling = SAMPLED if method == "snapstream" else Sampling()
+        fed = followups[: turns - 1]
+        requests.append(
+            Request(
+                tuple(ids),
+                settings[method],
+                NEW_TOKENS,
+                sampling,
+                frozenset({end}),
+                tag=method,
+                followups=fed,
+            )
+        )
+    return [
+        (
+            answer.request.followups,
+            [t.tokens for t in answer.turns],
+            [t.stopped for t in answer.turns],
+            answer.kv_bytes,
+        )
+        for answer in answers(model, requests)
+    ]
 
 
 def batch(model, requests: list[Request]) -> list[list[int]]:
     """The tokens of every request, decoded in rows of one continuous batcher."""
+    return [answer.tokens for answer in answers(model, requests)]
+
+
+def answers(model, requests: list[Request]) -> list[Answer]:
+    """The answer of every request, decoded in rows of one continuous batcher."""
     got = {}
-    ContinuousBatcher(model, len(requests)).run(requests, lambda a: got.__setitem__(a.request.tag, a.tokens))
+    ContinuousBatcher(model, len(requests)).run(requests, lambda a: got.__setitem__(a.request.tag, a))
     return [got[request.tag] for request in requests]
 
 
@@ -137,10 +184,10 @@ def main(out: str, folders: list[str], settings: dict[str, dict] = SETTINGS, sty
     world = launcher_world()
     init_process_group(world)
     torch.manual_seed(0)
-    results = {"runs": {}, "kept": {}}
+    results = {"runs": {}, "kept": {}, "turns": {}}
     for folder in folders:
         family = Path(folder).name
-        runs, kept = run_family(load(folder, world, style), settings)
+        runs, kept, results["turns"][family] = run_family(load(folder, world, style), settings)
         results["runs"].update({(family, *key): run for key, run in runs.items()})
         results["kept"].update({(family, method): held for method, held in kept.items()})
     Path(out).mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ loaded on one process.
   logits within 1e-5 of the largest, on both ranks: the one-by-one generator, the continuous batcher with
   each method alone, every method in rows of one shared prefill, R-KV re-selecting while decoding, and
   sampled decoding (the generator, and batcher rows of two seeds).
+* Several turns on one compressed context (full, SnapKV, SnapStream, StreamingLLM: 2-3 turns, beside a
+  one-turn row) answer every turn under TP=2 as under TP=1 on both ranks, with the same whole-row KV bytes.
   Each method evicts (its logits move off the full cache's), so the equality is not that of full caches.
 * A head count the world does not divide is refused in one line on every rank, exit 2, before weights load;
   so are a plan that splits MLA attention (DeepSeek-V2's), a family without a TP plan, and a mixture of
@@ -85,12 +87,12 @@ def runs(request, family):
 
 
 def compared_runs(tmp_path_factory, families):
-    """(TP=1 results, [TP=2 rank 0's, rank 1's]) of ``families``: (family, method, path) -> (tokens, logits
-    per forward)."""
+    """(TP=1 results, [TP=2 rank 0's, rank 1's]) of ``families``: the worker's ``runs``, (family, method,
+    path) -> (tokens, logits per forward), and ``turns``, family -> (answers of several turns, logits)."""
     root = tmp_path_factory.mktemp("tensor_parallel")
     folders = saved(root, {name: FAMILIES[name] for name in families})
     single, [ranks] = split_runs(root, folders, [()])
-    return single["runs"], [rank["runs"] for rank in ranks]
+    return single, ranks
 
 
 def saved(root: Path, builders: dict) -> list[Path]:
@@ -118,9 +120,30 @@ def split_runs(
 @pytest.mark.parametrize("family", TP_FAMILIES)
 def test_every_method_under_tp2_answers_as_under_tp1_on_every_rank(runs, family):
     single, ranks = runs
-    keys = [key for key in single if key[0] == family]
+    keys = [key for key in single["runs"] if key[0] == family]
     assert len(keys) == 2 * len(worker.SETTINGS) + 3
-    assert_answers_alike(single, ranks, keys)
+    assert_answers_alike(single["runs"], [rank["runs"] for rank in ranks], keys)
+
+
+@pytest.mark.parametrize("family", TP_FAMILIES)
+def test_several_turns_on_one_compressed_context_answer_under_tp2_as_under_tp1_on_every_rank(runs, family):
+    """The worker's rows of several turns: every rank's follow-ups, turns, stops and whole-row KV bytes are
+    the one process's (logits within :data:`TOLERANCE`); each request answered all its turns, one turn
+    ended on the token its follow-up starts with, and the full row holds the whole conversation."""
+    single, ranks = runs
+    assert_answers_alike(single["turns"], [rank["turns"] for rank in ranks], [family])
+    one_turn, *several = single["turns"][family][0]
+    assert [len(turns) for _, turns, _, _ in several] == list(worker.TURNS.values())
+    assert any("eos" in stopped for _, _, stopped, _ in several)
+    followups, turns, stopped, full_bytes = several[0]
+    end = followups[0][0]  # ends a turn: fed once where the follow-up starts with it, else before it
+    answered = sum(
+        len(answer) + len(fed) + (stop == "eos" and fed[0] != end)
+        for answer, fed, stop in zip(turns[:-1], followups, stopped[:-1], strict=True)
+    )
+    conversation = worker.PROMPT_LENGTH + answered + len(turns[-1]) - (stopped[-1] == "length")
+    assert full_bytes * (worker.PROMPT_LENGTH + worker.NEW_TOKENS - 1) == one_turn[-1] * conversation
+    assert all(kv_bytes < one_turn[-1] for *_, kv_bytes in several[1:])  # each compressed row evicted
 
 
 def assert_answers_alike(single: dict, ranks: list[dict], keys: list[tuple]) -> None:
@@ -138,7 +161,7 @@ def assert_answers_alike(single: dict, ranks: list[dict], keys: list[tuple]) -> 
 
 @pytest.mark.parametrize("family", TP_FAMILIES)
 def test_every_method_evicts_so_that_the_equality_is_not_that_of_full_caches(runs, family):
-    single, _ = runs
+    single = runs[0]["runs"]
     full = single[family, "full", "generate"][1][-worker.NEW_TOKENS :]
     for method in worker.SETTINGS:
         if method == "full":
