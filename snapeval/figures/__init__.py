@@ -23,6 +23,7 @@ from snapeval.figures.memory import accuracy_vs_memory, pareto_front
 from snapeval.figures.panels import NothingToDraw
 from snapeval.figures.style import PAPER_RC, method_color, method_label, method_style
 from snapeval.figures.traces import traces_vs_budget
+from snapeval.figures.turns import accuracy_per_turn
 
 FigureFunction = Callable[[pd.DataFrame, str | os.PathLike[str]], list[Path]]
 
@@ -34,6 +35,7 @@ FIGURES: dict[str, FigureFunction] = {
     "kept_positions": kept_positions,
     "traces_vs_budget": traces_vs_budget,
     "decode_evictions": decode_evictions,
+    "accuracy_per_turn": accuracy_per_turn,
 }
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "FigureFunction",
     "KeptSeries",
     "NothingToDraw",
+    "accuracy_per_turn",
     "accuracy_vs_budget",
     "accuracy_vs_memory",
     "decode_evictions",

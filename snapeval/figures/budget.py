@@ -7,13 +7,11 @@ from pathlib import Path
 
 import matplotlib as mpl
 import pandas as pd
-from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from snapeval.configs.cache import FULL
-from snapeval.figures.panels import NothingToDraw, error_bars, grid, legend, panels, results, save
-from snapeval.figures.style import CI_ALPHA, PAPER_RC, method_label, method_style
-from snapeval.figures.sweeps import budget_axis, full_cache_line, method_sweeps
+from snapeval.figures.panels import NothingToDraw, grid, legend, panels, results, save
+from snapeval.figures.style import PAPER_RC
+from snapeval.figures.sweeps import accuracy_panel
 
 
 def accuracy_vs_budget(df: pd.DataFrame, out: str | os.PathLike[str]) -> list[Path]:
@@ -34,22 +32,7 @@ def draw(df: pd.DataFrame) -> Figure:
     drawn = [(title, rows) for title, rows in panels(table, experiment) if rows["cache.budget"].notna().any()]
     fig, axes = grid(len(drawn))
     for ax, (title, rows) in zip(axes, drawn, strict=True):
-        full_cache_line(ax, rows[rows["cache.method"] == FULL], "accuracy", band=True)
-        compressed = rows[rows["cache.budget"].notna()]
-        for method, sweep in method_sweeps(compressed, cache):
-            _accuracy_series(ax, sweep, method)
-        budget_axis(ax, compressed["cache.budget"])
-        ax.set(title=title, ylabel="Accuracy", ylim=(-0.02, 1.02))
+        accuracy_panel(ax, rows, cache)
+        ax.set_title(title)
     legend(fig, axes)
     return fig
-
-
-def _accuracy_series(ax: Axes, sweep: pd.DataFrame, method: str) -> None:
-    """Accuracy against budget with its interval: a band over two budgets or more, else an error bar."""
-    style, label = method_style(method), method_label(method)
-    budget, accuracy, low, high = (sweep[key] for key in ("budget_x", "accuracy", "ci_low", "ci_high"))
-    if len(sweep) > 1:
-        ax.plot(budget, accuracy, label=label, **style)
-        ax.fill_between(budget, low, high, color=style["color"], alpha=CI_ALPHA, lw=0)
-    else:
-        ax.errorbar(budget, accuracy, yerr=error_bars(accuracy, low, high), label=label, **style)

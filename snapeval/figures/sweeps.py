@@ -12,6 +12,7 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from snapeval.configs.cache import FULL
+from snapeval.figures.panels import error_bars
 from snapeval.figures.style import CI_ALPHA, method_label, method_style
 
 BUDGET_LABEL = "KV budget (slots per head)"
@@ -78,3 +79,25 @@ def full_cache_line(ax: Axes, full: pd.DataFrame, column: str, band: bool = Fals
     )
     if band:
         ax.axhspan(reference["ci_low"], reference["ci_high"], color=style["color"], alpha=CI_ALPHA / 2, lw=0)
+
+
+def accuracy_panel(ax: Axes, rows: pd.DataFrame, cache: list[str]) -> None:
+    """Accuracy against budget of ``rows`` (one panel's settings): the full cache's dashed line and band,
+    and each method's series with its 95% interval; the budget axis and the accuracy axis."""
+    full_cache_line(ax, rows[rows["cache.method"] == FULL], "accuracy", band=True)
+    compressed = rows[rows["cache.budget"].notna()]
+    for method, sweep in method_sweeps(compressed, cache):
+        _accuracy_series(ax, sweep, method)
+    budget_axis(ax, compressed["cache.budget"])
+    ax.set(ylabel="Accuracy", ylim=(-0.02, 1.02))
+
+
+def _accuracy_series(ax: Axes, sweep: pd.DataFrame, method: str) -> None:
+    """Accuracy against budget with its interval: a band over two budgets or more, else an error bar."""
+    style, label = method_style(method), method_label(method)
+    budget, accuracy, low, high = (sweep[key] for key in ("budget_x", "accuracy", "ci_low", "ci_high"))
+    if len(sweep) > 1:
+        ax.plot(budget, accuracy, label=label, **style)
+        ax.fill_between(budget, low, high, color=style["color"], alpha=CI_ALPHA, lw=0)
+    else:
+        ax.errorbar(budget, accuracy, yerr=error_bars(accuracy, low, high), label=label, **style)
