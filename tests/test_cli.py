@@ -39,12 +39,12 @@ SCHEMA = [  # refused by the config's declarations, before torch loads
     (["task.context_length=-5"], "task.context_length: must be an integer >= 16, got -5"),
     (["task.context_length=10000000"], "task.context_length: 10000000 tokens do not fit the model's"),
     (["model.dtype=int4"], "model.dtype: must be one of auto, float32, bfloat16, float16, got 'int4'"),
-    (["+cache.budgt=5"], "cache.budgt: unknown key; full takes budget, method, ratio"),
+    (["+cache.budgt=5"], "cache.budgt: unknown key; full takes budget, kv_dtype, method, prefill_chunk,"),
     (
         ["+task.limt=1"],
-        "task.limt: unknown key; task ruler_passkey has context_length, kind, max_new_tokens, name,",
+        "task.limt: unknown key; task ruler_passkey has compression, context_length, kind, max_new_tokens,",
     ),
-    (["task.contxt_length=5"], "task.contxt_length: unknown key; task has context_length, kind,"),
+    (["task.contxt_length=5"], "task.contxt_length: unknown key; task has compression, context_length,"),
     (
         ["+foo=1"],
         "foo: unknown key; the config has cache, engine, generation, grid, hardware, job, memory, model,",

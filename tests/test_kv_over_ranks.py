@@ -34,7 +34,7 @@ FULL_SLOTS = 535  # a 512-token passkey prompt and its answer: 23.5 MiB
 PASSKEY = ["model=smollm2-135m", "task=ruler_passkey", "task.context_length=512"]
 SNAPSTREAM = ["cache=snapstream", "cache.budget=128"]
 LETTERS = SimpleNamespace(decode=lambda tokens, skip_special_tokens=True: "the answer")
-TASK = SimpleNamespace(score=lambda prompt, output: {"score": 1.0}, deviations=(), answer_pass=None)
+TASK = SimpleNamespace(score_turns=lambda prompt, outputs: {"score": 1.0}, deviations=(), answer_pass=None)
 
 
 def rank_row(sample_id: str, slots: int, tp: int) -> dict:

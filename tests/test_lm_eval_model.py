@@ -136,7 +136,7 @@ def test_batch_size_auto_falls_back_to_eight_and_nonsense_is_refused(tiny):
 @pytest.mark.parametrize(
     ("argument", "value", "takes"),
     [
-        ("compression", "query_first", "one of query_aware, query_agnostic"),
+        ("compression", "query_first", "one of query_aware, query_agnostic or null"),  # null: query_aware
         ("compile", "always", "one of auto, on, off, graphs"),
         ("dtype", "float8", "one of auto, float32, bfloat16, float16"),
         ("device", "tpu", "auto, cpu, mps, cuda or cuda:N"),

@@ -229,7 +229,8 @@ def _run_columns(run: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str,
     flat = flatten(config)
     aliases = {alias: flat[path] for alias, path in ALIASES.items() if path in flat}
     provenance = {key: run[key] for key in ("git_sha", "status", "created_at")}
-    return {**dict.fromkeys(DEPLOYMENT_COLUMNS), **flat, **aliases, "run_id": run["id"], **provenance}
+    deployed = {column: flat.get(column) for column in DEPLOYMENT_COLUMNS}  # after the config's own columns
+    return {**flat, **deployed, **aliases, "run_id": run["id"], **provenance}
 
 
 def _sample_columns(sample: Mapping[str, Any]) -> dict[str, Any]:
