@@ -66,8 +66,11 @@ def by_kv_dtype(groups: list[list[Point]]) -> dict[str | None, list[list[Point]]
     the others' reference)."""
     split: dict[str | None, list[list[Point]]] = defaultdict(list)
     for group in groups:
-        for kv_dtype in dict.fromkeys(point.setting.kv_dtype for point in group):
-            split[kv_dtype].append([point for point in group if point.setting.kv_dtype == kv_dtype])
+        parts: dict[str | None, list[Point]] = defaultdict(list)
+        for point in group:
+            parts[point.setting.kv_dtype].append(point)
+        for kv_dtype, part in parts.items():
+            split[kv_dtype].append(part)
     return dict(sorted(split.items(), key=lambda item: item[0] is not None))
 
 
